@@ -1,0 +1,1 @@
+"""osdn_fast: Triton chunkwise OSDN kernels (forward and backward), the layer and recall training."""
