@@ -1,0 +1,260 @@
+"""Phase 1 in Triton: the preconditioner scan d_t over the key stream, forward and backward (SPEC §2-3).
+
+One step per token (a_t = k_t², n_t = ‖k_t‖² + ε or 1, b_t = β_t or 1, s_t = ⟨d_t, a_t⟩):
+
+    z_t     = r_t d_t + w_t a_t,   w_t = η b_t (1 − b_t s_t) / n_t
+    d_{t+1} = clip(z_t, d_min, d_max)
+
+The sequential kernels run one program per (sequence, head), the K channels in one block. The backward is
+the reverse scan of the adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with λ̄_t = λ_{t+1} masked by the clip):
+
+    λ_t = r_t λ̄_t − (η b_t² / n_t) p_t a_t + ∂L/∂d_t(direct)
+    ∂a_t = w_t λ̄_t − (η b_t² / n_t) p_t d_t,  ∂k_t = 2 k_t (∂a_t − w_t p_t / n_t)   (the last term if normalised)
+    ∂β_t = η p_t (1 − 2 b_t s_t) / n_t,  ∂r_t = ⟨λ̄_t, d_t⟩,  ∂η = Σ_t p_t b_t (1 − b_t s_t) / n_t
+
+Without the clip, `phase1_chunk` computes the same scan chunk-parallel; `preconditioner_scan` picks it.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from osdn_ref import EPS
+
+
+@triton.jit
+def _seq_bounds(cu_seqlens, n, T, IS_VARLEN: tl.constexpr):
+    """Token range [bos, eos) of sequence n in the flattened [B*T] token axis."""
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + n).to(tl.int64)
+        eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+    else:
+        bos = n.to(tl.int64) * T
+        eos = bos + T
+    return bos, eos
+
+
+@triton.jit
+def _gains(eta_h, beta, idx, s, a, eps, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr):
+    """b = β_t or 1, ν = 1/n_t; returns (w = η b (1 − b s) ν, c = η b² ν, b, ν). Shared by both passes
+    so that the backward recomputes z_t (and the clip mask) with exactly the forward's arithmetic."""
+    if BETA_AWARE:
+        b = tl.load(beta + idx).to(tl.float32)
+    else:
+        b = 1.0
+    if NORMALIZE:
+        nu = 1.0 / (tl.sum(a, axis=0) + eps)
+    else:
+        nu = 1.0
+    return eta_h * b * (1.0 - b * s) * nu, eta_h * b * b * nu, b, nu
+
+
+@triton.jit
+def phase1_fwd_seq_kernel(
+    k, beta, r, d0, eta, d_all, d_final, cu_seqlens,
+    T, H, K, eps, d_min, d_max,
+    HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+    HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
+):
+    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    offs = tl.arange(0, BK)
+    mask = offs < K
+    if HAS_D0:
+        d = tl.load(d0 + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        d = tl.where(mask, 1.0, 0.0)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    for t in range(bos, eos):
+        row = (t * H + h) * K
+        kt = tl.load(k + row + offs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(d_all + row + offs, d, mask=mask)
+        a = kt * kt
+        w, _, _, _ = _gains(eta_h, beta, t * H + h, tl.sum(d * a, axis=0), a, eps, BETA_AWARE, NORMALIZE)
+        if HAS_R:
+            d = tl.load(r + t * H + h).to(tl.float32) * d + w * a
+        else:
+            d = d + w * a
+        if HAS_MIN:
+            d = tl.maximum(d, d_min)
+        if HAS_MAX:
+            d = tl.minimum(d, d_max)
+    tl.store(d_final + (n * H + h) * K + offs, d, mask=mask)
+
+
+@triton.jit
+def phase1_bwd_seq_kernel(
+    k, beta, r, eta, d_all, gd_all, gd_final, cu_seqlens,
+    dk, dbeta, dr, dd0, deta,
+    T, H, K, eps, d_min, d_max,
+    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+    HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, HAS_GD_FINAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BK: tl.constexpr,
+):
+    """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    offs = tl.arange(0, BK)
+    mask = offs < K
+    if HAS_GD_FINAL:
+        lam = tl.load(gd_final + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        lam = tl.zeros([BK], dtype=tl.float32)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    deta_acc = eta_h * 0.0
+    for i in range(0, eos - bos):
+        t = eos - 1 - i
+        row = (t * H + h) * K
+        kt = tl.load(k + row + offs, mask=mask, other=0.0).to(tl.float32)
+        d = tl.load(d_all + row + offs, mask=mask, other=0.0)
+        a = kt * kt
+        s = tl.sum(d * a, axis=0)
+        w, c, b, nu = _gains(eta_h, beta, t * H + h, s, a, eps, BETA_AWARE, NORMALIZE)
+        if HAS_R:
+            rt = tl.load(r + t * H + h).to(tl.float32)
+            z = rt * d + w * a
+        else:
+            z = d + w * a
+        keep = mask
+        if HAS_MIN:
+            keep = keep & (z >= d_min)
+        if HAS_MAX:
+            keep = keep & (z <= d_max)
+        dz = tl.where(keep, lam, 0.0)
+        p = tl.sum(dz * a, axis=0)
+        gs = -p * c  # ∂L/∂s_t
+        da = w * dz + gs * d
+        if NORMALIZE:
+            da = da - w * p * nu
+        tl.store(dk + row + offs, 2.0 * kt * da, mask=mask)
+        deta_acc += p * b * (1.0 - b * s) * nu
+        if BETA_AWARE:
+            tl.store(dbeta + t * H + h, p * eta_h * (1.0 - 2.0 * b * s) * nu)
+        if HAS_R:
+            tl.store(dr + t * H + h, tl.sum(dz * d, axis=0))
+            lam = rt * dz + gs * a
+        else:
+            lam = dz + gs * a
+        if HAS_GD_ALL:
+            lam += tl.load(gd_all + row + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
+    tl.store(deta + n * H + h, deta_acc)
+
+
+def _block_k(K: int) -> int:
+    return max(16, triton.next_power_of_2(K))
+
+
+def _flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K):
+    return dict(
+        HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize,
+        HAS_MIN=d_min is not None, HAS_MAX=d_max is not None, IS_VARLEN=cu_seqlens is not None, BK=_block_k(K),
+    )
+
+
+def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens):
+    """Sequential forward: returns (d_all [B, T, H, K] float32, d_final [N, H, K] float32)."""
+    B, T, H, K = k.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    d_all = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
+    d_final = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
+    phase1_fwd_seq_kernel[(N, H)](
+        k, beta, r if r is not None else beta, d0 if d0 is not None else d_final, eta, d_all, d_final,
+        cu_seqlens if cu_seqlens is not None else d_final,
+        T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
+        HAS_D0=d0 is not None, **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K),
+    )
+    return d_all, d_final
+
+
+def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens):
+    """Sequential backward: (dk, dbeta, dr, dd0, deta [N, H]) in float32 (dr None without r)."""
+    B, T, H, K = k.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    f32 = dict(dtype=torch.float32, device=k.device)
+    dk = torch.empty(B, T, H, K, **f32)
+    dbeta = torch.zeros(B, T, H, **f32) if not beta_aware else torch.empty(B, T, H, **f32)
+    dr = torch.empty(B, T, H, **f32) if r is not None else None
+    dd0 = torch.empty(N, H, K, **f32)
+    deta = torch.empty(N, H, **f32)
+    phase1_bwd_seq_kernel[(N, H)](
+        k, beta, r if r is not None else beta, eta, d_all,
+        gd_all if gd_all is not None else d_all, gd_final if gd_final is not None else dd0,
+        cu_seqlens if cu_seqlens is not None else dd0,
+        dk, dbeta, dr if dr is not None else dbeta, dd0, deta,
+        T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
+        HAS_GD_ALL=gd_all is not None, HAS_GD_FINAL=gd_final is not None,
+        **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K),
+    )
+    return dk, dbeta, dr, dd0, deta
+
+
+def _grad_like(grad, x):
+    return None if x is None or not x.requires_grad else grad.to(x.dtype)
+
+
+class Phase1Function(torch.autograd.Function):
+    """(k, β, r, d_0, η[H]) → (d_all, d_final); the backward is the sequential reverse scan."""
+
+    @staticmethod
+    def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, use_chunk):
+        opts = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
+        if use_chunk:
+            from .phase1_chunk import phase1_fwd_chunk
+
+            d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts)
+        else:
+            d_all, d_final = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
+        ctx.save_for_backward(k, beta, r, d0, eta, d_all, cu_seqlens)
+        ctx.opts = opts
+        return d_all, d_final
+
+    @staticmethod
+    def backward(ctx, gd_all, gd_final):
+        k, beta, r, d0, eta, d_all, cu_seqlens = ctx.saved_tensors
+        opts = dict(ctx.opts, cu_seqlens=cu_seqlens)
+        gd_all = None if gd_all is None else gd_all.contiguous()
+        gd_final = None if gd_final is None else gd_final.contiguous()
+        dk, dbeta, dr, dd0, deta = phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
+        return (
+            dk.to(k.dtype), dbeta.to(beta.dtype), _grad_like(dr, r), _grad_like(dd0, d0),
+            _grad_like(deta.sum(0), eta), None, None, None, None, None, None,
+        )
+
+
+def preconditioner_scan(
+    k: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    eta,
+    r: torch.Tensor | None = None,
+    d0: torch.Tensor | None = None,
+    d_min: float | None = None,
+    d_max: float | None = None,
+    beta_aware: bool = True,
+    normalize: bool = True,
+    cu_seqlens: torch.Tensor | None = None,
+    chunked: bool | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
+
+    d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
+    with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=None` uses the chunk-parallel
+    forward when there is no clip, the sequential scan otherwise. Inputs are assumed validated.
+    """
+    H = k.shape[2]
+    if not isinstance(eta, torch.Tensor):
+        eta = torch.full((H,), float(eta), dtype=torch.float32, device=k.device)
+    if chunked is None:
+        chunked = d_min is None and d_max is None
+    if chunked and (d_min is not None or d_max is not None):
+        raise ValueError("the chunk-parallel phase 1 has no clip: use chunked=False with d_min/d_max")
+    contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
+    return Phase1Function.apply(
+        k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
+        beta_aware, normalize, contig(cu_seqlens), chunked,
+    )
