@@ -201,12 +201,12 @@ class Phase1Function(torch.autograd.Function):
     """(k, β, r, d_0, η[H]) → (d_all, d_final); the backward is the sequential reverse scan."""
 
     @staticmethod
-    def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, use_chunk):
+    def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, chunk_size):
         opts = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
-        if use_chunk:
+        if chunk_size:
             from .phase1_chunk import phase1_fwd_chunk
 
-            d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts)
+            d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, chunk_size=chunk_size)
         else:
             d_all, d_final = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
         ctx.save_for_backward(k, beta, r, d0, eta, d_all, cu_seqlens)
@@ -239,12 +239,14 @@ def preconditioner_scan(
     normalize: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     chunked: bool | None = None,
+    chunk_size: int = 64,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
     with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=None` uses the chunk-parallel
-    forward when there is no clip, the sequential scan otherwise. Inputs are assumed validated.
+    forward (chunks of `chunk_size`, a power of two ≥ 16) when there is no clip, the sequential scan
+    otherwise; the backward is the sequential reverse scan. Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):
@@ -256,5 +258,5 @@ def preconditioner_scan(
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
     return Phase1Function.apply(
         k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
-        beta_aware, normalize, contig(cu_seqlens), chunked,
+        beta_aware, normalize, contig(cu_seqlens), chunk_size if chunked else 0,
     )
