@@ -1,0 +1,144 @@
+"""Run a list of recall runs and write results.json (+ plots) into an output folder.
+
+Three ways to run, by what the launcher gives:
+- plain, one process: runs one after another;
+- `workers > 1`: that many processes share the device, each taking whole runs (small models leave a GPU
+  mostly idle, so concurrent runs raise throughput); no collective communication;
+- under `torchrun` (WORLD_SIZE > 1): every run is data-parallel over all ranks (DDP; NCCL on CUDA, gloo on
+  CPU) and rank 0 writes the results.
+results.json is rewritten after every finished run, so a sweep cut short still leaves its data.
+A time budget stops new runs from starting; runs in flight are stopped at the budget plus a grace period
+and recorded as truncated (left out of the summary).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import multiprocessing as mp
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .report import plot, summarize, table
+from .train import RunConfig, train_run
+
+GRACE_S = 60.0
+
+
+def environment(device: str) -> dict:
+    """Device and versions, for the record."""
+    import numpy
+    if device.startswith("cuda") and torch.cuda.is_available():
+        name = torch.cuda.get_device_name()
+    else:
+        name = f"CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores, {torch.get_num_threads()} threads)"
+    versions = dict(python=platform.python_version(), torch=torch.__version__, numpy=numpy.__version__)
+    try:
+        import triton
+        versions["triton"] = triton.__version__
+    except ImportError:
+        pass
+    try:
+        from importlib.metadata import version
+        versions["osdn"] = version("osdn")
+    except Exception:  # not installed as a distribution
+        pass
+    return dict(device=name, versions=versions, platform=platform.platform())
+
+
+def _worker(job):
+    """Pool entry point: one run in a worker process."""
+    setting, model, cfg_dict, deadline, threads = job
+    torch.set_num_threads(threads)
+    if deadline is not None and time.time() > deadline - GRACE_S:
+        return dict(setting=setting, model=model, config=cfg_dict, skipped=True)
+    record = train_run(RunConfig.from_dict(cfg_dict), progress=False, deadline=deadline)
+    return dict(setting=setting, model=model, **record)
+
+
+def _init_distributed(device: str) -> tuple[int, int, str]:
+    """Start torch.distributed when launched by torchrun; returns (rank, world, device for this rank)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return 0, 1, device
+    cuda = device.startswith("cuda")
+    if cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = f"cuda:{local}"
+    if not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if cuda else "gloo")
+    return dist.get_rank(), world, device
+
+
+class Sweep:
+    """Collects run records and writes results.json + plots into `out` (rank 0 only)."""
+
+    def __init__(self, out, meta: dict, write: bool):
+        self.out, self.meta, self.write, self.runs, self.skipped = Path(out), meta, write, [], []
+        self.start = time.time()
+        if write:
+            self.out.mkdir(parents=True, exist_ok=True)
+
+    def add(self, record: dict, echo) -> None:
+        if record.get("skipped"):
+            self.skipped.append(dict(setting=record["setting"], model=record["model"],
+                                     seed=record["config"]["seed"], lr=record["config"]["lr"]))
+        else:
+            self.runs.append(record)
+            echo(f"  {record['setting']:<18} {record['model']:<12} seed {record['config']['seed']} "
+                 f"lr {record['config']['lr']:.0e}: acc {record['accuracy']:.3f}  q_geo {record['q_geo']:.3f}  "
+                 f"clip {100 * record['clip_fraction']:.0f}%  {record['seconds']:.0f}s"
+                 + ("  (truncated)" if record["truncated"] else ""))
+        self.save()
+
+    def save(self, final: bool = False) -> list[dict]:
+        rows = summarize(self.runs)
+        if self.write:
+            data = dict(self.meta, wall_time_s=time.time() - self.start, complete=final, summary=rows,
+                        runs=self.runs, skipped=self.skipped)
+            (self.out / "results.json").write_text(json.dumps(data, indent=1))
+            if final and rows:
+                plot(rows, "accuracy", self.out / "accuracy.png")
+                plot(rows, "q_geo", self.out / "q_geo.png")
+        return rows
+
+
+def run_sweep(runs: list[tuple[str, str, RunConfig]], out, *, preset_name: str, preset: dict, workers: int = 1,
+              max_minutes: float | None = None, progress: bool = True, echo=print) -> list[dict]:
+    """Run every (setting, model, cfg) and return the summary rows; see the module docstring."""
+    device = runs[0][2].device if runs else "cpu"
+    rank, world, rank_device = _init_distributed(device)
+    meta = dict(preset=preset_name, config=preset, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                world_size=world, workers=workers, max_minutes=max_minutes, **environment(device))
+    meta["eta_note"] = (f"eta = {preset['eta']} for every preconditioned model (SPEC default 0.003; "
+                        "recall experiments may use a larger eta)")
+    sweep = Sweep(out, meta, write=rank == 0)
+    deadline = None if max_minutes is None else time.time() + 60 * max_minutes
+    say = echo if rank == 0 else (lambda *_: None)
+    say(f"{len(runs)} runs, device {meta['device']}, world {world}, workers {workers}")
+    if workers > 1 and world == 1:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        jobs = [(s, m, c.to_dict(), None if deadline is None else deadline + GRACE_S, threads) for s, m, c in runs]
+        with mp.get_context("spawn").Pool(workers) as pool:
+            for record in pool.imap_unordered(_worker, jobs):
+                sweep.add(record, say)
+    else:
+        for setting, model, cfg in runs:
+            if deadline is not None and time.time() > deadline:
+                sweep.add(dict(setting=setting, model=model, config=cfg.to_dict(), skipped=True), say)
+                continue
+            cfg.device = rank_device
+            record = train_run(cfg, progress=progress,
+                               deadline=None if deadline is None else deadline + GRACE_S)
+            sweep.add(dict(setting=setting, model=model, **record), say)
+    rows = sweep.save(final=True)
+    if world > 1:
+        dist.barrier()
+    return rows
