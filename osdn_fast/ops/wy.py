@@ -1,0 +1,144 @@
+"""The WY representation of one chunk (SPEC §3 with the GDN log-decay), forward and backward.
+
+With Γ_ij = exp(G_i − G_j) (G the in-chunk cumulative log-decay), per chunk:
+
+    A    = strict_lower(diag(β) (K K̃ᵀ ⊙ Γ))      A_ij = β_i ⟨k_i, k̃_j⟩ e^{G_i − G_j}, j < i
+    A⁻¹  = (I + A)⁻¹                              unit lower triangular, by forward substitution
+    T    = A⁻¹ diag(β)
+    W    = T (K ⊙ e^G)        (the RAW key)       U = T V
+
+Backward, from ∂W and ∂U:
+
+    ∂T  = ∂W (K ⊙ e^G)ᵀ + ∂U Vᵀ                  ∂(K ⊙ e^G) = Tᵀ ∂W,  ∂V = Tᵀ ∂U
+    ∂β_j += Σ_i A⁻¹_ij ∂T_ij                      ∂A = −strict_lower(A⁻ᵀ (∂T diag(β)) A⁻ᵀ)
+    ∂K  += (∂A ⊙ Γ ⊙ β_i) K̃,   ∂K̃ += (∂A ⊙ Γ ⊙ β_i)ᵀ K,   ∂β_i += Σ_j ∂A_ij ⟨k_i, k̃_j⟩ Γ_ij
+    ∂G_i += Σ_j (∂A ⊙ A)_ij − Σ_j (∂A ⊙ A)_ji + ⟨k_i e^{G_i}, ∂(K ⊙ e^G)_i⟩
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import chunk_rows, load_gate, load_tile, store_tile
+
+
+@triton.jit
+def unit_lower_inverse(A, BT: tl.constexpr):
+    """(I + A)⁻¹ for strictly lower A [BT, BT]: row i of N = (I + A)⁻¹ − I is −A_i − Σ_{j<i} A_ij N_j."""
+    o_i = tl.arange(0, BT)
+    N = -A
+    for i in range(1, BT):
+        is_row = o_i[:, None] == i
+        row = tl.sum(tl.where(is_row, N, 0.0), axis=0)
+        row = row + tl.sum(row[:, None] * N, axis=0)
+        N = tl.where(is_row, row[None, :], N)
+    return N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+
+
+@triton.jit
+def gram_decay(b_g, BT: tl.constexpr, STRICT: tl.constexpr):
+    """Γ_ij = exp(G_i − G_j) on j < i (STRICT) or j ≤ i, else 0; the exponent is masked before exp."""
+    o_i = tl.arange(0, BT)
+    if STRICT:
+        keep = o_i[:, None] > o_i[None, :]
+    else:
+        keep = o_i[:, None] >= o_i[None, :]
+    return tl.where(keep, tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+
+
+@triton.jit
+def wy_fwd_kernel(k, kt, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  HAS_G: tl.constexpr):
+    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
+    o_i, o_k = tl.arange(0, BT), tl.arange(0, BK)
+    b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
+    b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
+    b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
+
+    b_A = tl.dot(b_k, tl.trans(b_kt)) * gram_decay(b_g, BT, True) * b_b[:, None]
+    b_Ai = unit_lower_inverse(b_A, BT)
+    store_tile(Ainv, b_Ai, o_t, m_t, i_h, H, BT, o_i)
+
+    b_T = b_Ai * b_b[None, :]
+    store_tile(w, tl.dot(b_T, b_k * tl.exp(b_g)[:, None]), o_t, m_t, i_h, H, K, o_k)
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        store_tile(u, tl.dot(b_T, load_tile(v, o_t, m_t, i_h, H, V, o_v)), o_t, m_t, i_h, H, V, o_v)
+
+
+@triton.jit
+def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg,
+                  cu_seqlens, chunk_indices, H,
+                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+                  HAS_G: tl.constexpr):
+    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
+    o_i, o_k = tl.arange(0, BT), tl.arange(0, BK)
+    b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
+    b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
+    b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
+    b_Ai = load_tile(Ainv, o_t, m_t, i_h, H, BT, o_i)
+    b_dw = load_tile(dw, o_t, m_t, i_h, H, K, o_k)
+
+    b_T = b_Ai * b_b[None, :]
+    b_kg = b_k * tl.exp(b_g)[:, None]
+    b_dT = tl.dot(b_dw, tl.trans(b_kg))
+    b_dkg = tl.dot(tl.trans(b_T), b_dw)
+    b_dg = tl.sum(b_dkg * b_kg, axis=1)
+    b_dk = b_dkg * tl.exp(b_g)[:, None]
+    for i_v in range(tl.cdiv(V, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        b_du = load_tile(du, o_t, m_t, i_h, H, V, o_v)
+        b_dT += tl.dot(b_du, tl.trans(load_tile(v, o_t, m_t, i_h, H, V, o_v)))
+        store_tile(dv, tl.dot(tl.trans(b_T), b_du), o_t, m_t, i_h, H, V, o_v)
+
+    b_db = tl.sum(b_dT * b_Ai, axis=0)
+    b_dA = -tl.dot(tl.trans(b_Ai), tl.dot(b_dT * b_b[None, :], tl.trans(b_Ai)))
+    b_gam = gram_decay(b_g, BT, True)
+    b_dA = tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.0)
+    b_kk = tl.dot(b_k, tl.trans(b_kt)) * b_gam
+    b_db += tl.sum(b_dA * b_kk, axis=1)
+    b_dM = b_dA * b_gam * b_b[:, None]
+    b_dk += tl.dot(b_dM, b_kt)
+    b_dkt = tl.dot(tl.trans(b_dM), b_k) + load_tile(dkt_in, o_t, m_t, i_h, H, K, o_k)
+    b_dAA = b_dA * b_kk * b_b[:, None]
+    b_dg += tl.sum(b_dAA, axis=1) - tl.sum(b_dAA, axis=0)
+
+    store_tile(dk, b_dk, o_t, m_t, i_h, H, K, o_k)
+    store_tile(dkt, b_dkt, o_t, m_t, i_h, H, K, o_k)
+    tl.store(dbeta + o_t * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
+    if HAS_G:
+        b_dg += tl.load(dg_in + o_t * H + i_h, mask=m_t, other=0.0)
+        tl.store(dg + o_t * H + i_h, b_dg, mask=m_t)
+
+
+def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV):
+    """(A⁻¹ [1, ΣT, H, C], W [1, ΣT, H, K], U [1, ΣT, H, V]) in float32."""
+    _, T, H, K = k.shape
+    V = v.shape[-1]
+    f32 = dict(dtype=torch.float32, device=k.device)
+    Ainv = torch.empty(1, T, H, chunk_size, **f32)
+    w, u = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, V, **f32)
+    wy_fwd_kernel[(chunk_indices.shape[0], H)](
+        k, kt, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None)
+    return Ainv, w, u
+
+
+def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_indices, chunk_size, BK, BV):
+    """(∂k, ∂k̃, ∂v, ∂β, ∂G) in float32: this stage's terms plus the carried-in ∂k̃ and ∂G."""
+    _, T, H, K = k.shape
+    V = v.shape[-1]
+    f32 = dict(dtype=torch.float32, device=k.device)
+    dk, dkt, dv = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, V, **f32)
+    dbeta = torch.empty(1, T, H, **f32)
+    dg = torch.empty(1, T, H, **f32) if G is not None else None
+    wy_bwd_kernel[(chunk_indices.shape[0], H)](
+        k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg, cu_seqlens, chunk_indices, H,
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None)
+    return dk, dkt, dv, dbeta, dg
