@@ -149,13 +149,14 @@ class OSDNLayer(nn.Module):
         if self.last is None:
             raise RuntimeError("set layer.record = True and run a forward pass first")
         k, beta, r, d0 = (self.last[n] for n in ("k", "beta", "r", "d0"))
-        k, beta = k.float(), beta.float()
+        dt = torch.promote_types(k.dtype, torch.float32)
+        k, beta, d0 = k.to(dt), beta.to(dt), d0.to(dt)
         if self.preconditioner == "off":
             d = torch.ones_like(k)
         else:
             eta = self.eta_value()
-            eta = eta.detach().float() if isinstance(eta, torch.Tensor) else eta
-            d = osdn_ref.preconditioner_scan(k, beta, eta=eta, r=r, d0=d0.float(), d_min=self.d_min,
+            eta = eta.detach().to(dt) if isinstance(eta, torch.Tensor) else eta
+            d = osdn_ref.preconditioner_scan(k, beta, eta=eta, r=r, d0=d0, d_min=self.d_min,
                                              d_max=self.d_max, beta_aware=self.beta_aware).d
         rho = osdn_ref.residual_ratios(d, k, beta)
         later = d[:, 1:]

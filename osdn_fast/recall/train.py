@@ -91,6 +91,17 @@ def _world() -> tuple[int, int]:
     return 0, 1
 
 
+def _ranks_in_sync(model: torch.nn.Module, device) -> bool | None:
+    """Under DDP: do all ranks hold the same parameters (a checksum compared by max and min over ranks)?"""
+    if _world()[1] == 1:
+        return None
+    total = torch.stack([p.detach().double().sum() for p in model.parameters()]).sum().to(device)
+    lo, hi = total.clone(), total.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    return bool((hi - lo).abs() <= 1e-9 * total.abs().clamp_min(1))
+
+
 def _sum_over_ranks(values: list[float], device) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if _world()[1] > 1:
@@ -182,7 +193,7 @@ def train_run(cfg: RunConfig, *, progress: bool = True, deadline: float | None =
                 best_accuracy=max([h["accuracy"] for h in history] + [final["accuracy"]]),
                 q_geo=diag["q_geo"], clip_fraction=diag["clip_fraction"], layers=diag["layers"],
                 history=history, steps_done=step + 1 if not truncated else step, truncated=truncated,
-                seconds=time.time() - start, world_size=world)
+                seconds=time.time() - start, world_size=world, ranks_in_sync=_ranks_in_sync(model, device))
 
 
 def _label(cfg: RunConfig) -> str:

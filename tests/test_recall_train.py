@@ -1,0 +1,98 @@
+"""Recall training: schedule, a short run that learns, presets, the summary, the CLI's tiny path, and a
+2-process gloo DDP run through torchrun."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from osdn_fast.recall import RecallTask, RunConfig, train_run
+from osdn_fast.recall.cli import build_preset, main, parse_args
+from osdn_fast.recall.presets import MODELS, PRESETS, expand
+from osdn_fast.recall.report import summarize, table
+from osdn_fast.recall.train import ModelSpec, lr_at
+
+SHORT = ["--steps", "3", "--eval-every", "3", "--num-train", "64", "--num-test", "32", "--quiet"]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = RunConfig(steps=100, lr=1.0, warmup_frac=0.1)
+    lrs = [lr_at(s, cfg) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(lrs[9:], lrs[10:])) and lrs[-1] < 0.01
+
+
+def test_short_run_learns_and_reports_diagnostics():
+    task = RecallTask(vocab_size=32, seq_len=16, num_kv_pairs=2)
+    cfg = RunConfig(task=task, model=ModelSpec(preconditioner="apf", eta=0.1), d_model=32, steps=60,
+                    batch_size=16, lr=3e-3, num_train=512, num_test=64, eval_every=30)
+    record = train_run(cfg, progress=False)
+    assert record["history"][-1]["loss"] < record["history"][0]["loss"] or record["accuracy"] > 0.2
+    assert record["accuracy"] > 1 / 16  # above chance among 16 values
+    assert 0 < record["q_geo"] < 1 and 0 <= record["clip_fraction"] <= 1
+    assert len(record["layers"]) == 2 and record["ranks_in_sync"] is None
+    assert RunConfig.from_dict(record["config"]) == cfg
+
+
+def test_presets_expand_seed_major():
+    runs = expand(PRESETS["gpu"])
+    p = PRESETS["gpu"]
+    assert len(runs) == len(p["settings"]) * len(p["models"]) * len(p["seeds"]) * len(p["lrs"])
+    seeds = [cfg.seed for _, _, cfg in runs]
+    assert seeds == sorted(seeds)
+    passes = {cfg.task.num_passes for _, _, cfg in runs}
+    assert passes == {1, 2}
+    forms = {(cfg.model.preconditioner, cfg.model.beta_aware) for _, m, cfg in runs if m.startswith("osdn")}
+    assert forms == {("osdn", True), ("osdn", False)}
+    assert all(m in MODELS for preset in PRESETS.values() for m in preset["models"])
+
+
+def test_summary_picks_best_lr_and_relative_change():
+    def rec(model, seed, lr, acc, q):
+        return dict(setting="s", model=model, accuracy=acc, q_geo=q, clip_fraction=0.0, truncated=False,
+                    config=dict(lr=lr, seed=seed))
+    runs = [rec("deltanet", s, lr, acc, 0.4) for s, (lr, acc) in enumerate([(1e-3, 0.2), (1e-3, 0.2)])]
+    runs += [rec("deltanet", s, 3e-3, 0.1, 0.4) for s in range(2)]
+    runs += [rec("osdn-ba", 0, 1e-3, 0.2, 0.3), rec("osdn-ba", 1, 1e-3, 0.3, 0.2)]
+    rows = {r["model"]: r for r in summarize(runs)}
+    assert rows["deltanet"]["lr"] == 1e-3 and rows["deltanet"]["acc_change"] is None
+    assert rows["osdn-ba"]["accuracy"]["mean"] == pytest.approx(0.25)
+    assert rows["osdn-ba"]["accuracy"]["std"] == pytest.approx(0.05)
+    assert rows["osdn-ba"]["acc_change"] == pytest.approx(0.25)
+    assert rows["osdn-ba"]["q_geo_change"] == pytest.approx(-0.375)
+    assert "+25%" in table(list(rows.values()))
+
+
+def test_cli_tiny_short_schedule(tmp_path, capsys):
+    rows = main(["--out", str(tmp_path)] + SHORT)
+    printed = capsys.readouterr().out
+    assert {r["model"] for r in rows} == {"deltanet", "osdn-ba", "apf-ba"}
+    assert "accuracy" in printed and "osdn-ba" in printed
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["complete"] and len(data["runs"]) == 3 and data["preset"] == "tiny"
+    for key in ("date", "command", "device", "versions", "wall_time_s", "eta_note"):
+        assert key in data
+    assert all(0 <= r["q_geo"] <= 1 for r in data["runs"])
+    assert (tmp_path / "accuracy.png").stat().st_size > 0 and (tmp_path / "q_geo.png").exists()
+
+
+def test_cli_overrides():
+    preset = build_preset(parse_args(["--preset", "gpu", "--steps", "10", "--seeds", "5", "--models", "gdn",
+                                      "--settings", "T128-P24-x2", "--workers", "2", "--device", "cpu"]))
+    assert preset["base"]["steps"] == 10 and preset["base"]["eval_every"] == 10
+    assert preset["seeds"] == [5] and preset["models"] == ["gdn"] and preset["workers"] == 2
+    assert [s["name"] for s in preset["settings"]] == ["T128-P24-x2"]
+    assert PRESETS["gpu"]["base"]["steps"] != 10  # the table of presets is not modified
+
+
+def test_torchrun_gloo_two_processes(tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", "29531",
+           "-m", "osdn_fast.recall.cli", "--out", str(tmp_path), "--models", "deltanet", "osdn-ba"] + SHORT
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["world_size"] == 2 and len(data["runs"]) == 2
+    assert all(r["world_size"] == 2 and r["ranks_in_sync"] is True for r in data["runs"])
+    assert done.stdout.count("wall time") == 1  # only rank 0 prints the table
