@@ -1,0 +1,233 @@
+"""Side-by-side GPU timings of OSDN against fla's DeltaNet / Gated DeltaNet and the PyTorch reference.
+
+One run times, with CUDA events and medians (`triton.testing.do_bench`), forward and forward+backward of
+
+- `osdn_fast.chunk_osdn`: OSDN and OSDN-APF, with and without the GDN gate, with and without the clip;
+- its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan`), to report phase 1's share;
+- fla 0.6.0's `chunk_delta_rule` and `chunk_gated_delta_rule` (the named baselines; skipped, and said so, when
+  fla is not importable);
+- `osdn_ref.chunk_osdn` (PyTorch; only at the smallest shapes: its phase 1 is a Python loop over tokens),
+
+at the issue's shapes plus a T sweep, and reports tokens/s, effective bandwidth against a measured copy
+ceiling and peak memory. Writes `bench_suite.json` and `bench_suite.csv` into --out.
+
+    python benchmarks/bench_suite.py --out $OUT            # on the GPU
+    TRITON_INTERPRET=1 python benchmarks/bench_suite.py --smoke --out /tmp/bench   # script check on CPU
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import math
+import os
+import platform
+import sys
+
+import torch
+
+SHAPES = [(8, 2048, 16, 128), (4, 4096, 16, 128), (2, 8192, 16, 128), (1, 16384, 16, 128), (2, 4096, 32, 64)]
+T_SWEEP = [(2, T, 16, 128) for T in (1024, 2048, 4096, 8192, 16384)]
+SMOKE_SHAPES = [(1, 40, 2, 16)]
+REF_MAX_TOKENS = 4 * 4096  # B*T above which the PyTorch reference is not timed
+
+
+def make_inputs(B, T, H, D, dtype, device, gate, apf, seed=0):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+    q = rnd(B, T, H, D)
+    k = torch.nn.functional.normalize(rnd(B, T, H, D).float(), dim=-1).to(dtype)
+    v = rnd(B, T, H, D)
+    beta = torch.rand(B, T, H, generator=gen).to(device=device, dtype=dtype)
+    g = (-torch.rand(B, T, H, generator=gen) * 0.1).to(device=device, dtype=torch.float32) if gate else None
+    r = (0.99 + 0.01 * torch.rand(B, T, H, generator=gen)).to(device=device, dtype=dtype) if apf else None
+    do = rnd(B, T, H, D)
+    return dict(q=q, k=k, v=v, beta=beta, g=g, r=r), do
+
+
+def osdn_variants():
+    """name → (kind, extra kwargs of chunk_osdn)."""
+    clip = dict(d_min=2 / 3, d_max=1.5)
+    return {
+        "osdn": (False, False, {}),
+        "osdn_clip": (False, False, clip),
+        "osdn_apf_clip": (False, True, clip),
+        "osdn_gdn_clip": (True, False, clip),
+        "osdn_apf_gdn_clip": (True, True, clip),
+    }
+
+
+def timed(fn, grad_inputs, smoke):
+    from triton.testing import do_bench
+
+    if smoke:
+        fn()
+        return float("nan")
+    return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_inputs, return_mode="median")
+
+
+def peak_memory(fn, device):
+    if device != "cuda":
+        return float("nan")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return (torch.cuda.max_memory_allocated() - base) / 2**20
+
+
+def copy_ceiling_gbs(device, smoke):
+    """Device-to-device copy bandwidth in GB/s (bytes read + written)."""
+    if smoke or device != "cuda":
+        return float("nan")
+    from triton.testing import do_bench
+
+    x = torch.empty(2**29, dtype=torch.float32, device=device).normal_()
+    y = torch.empty_like(x)
+    ms = do_bench(lambda: y.copy_(x), warmup=25, rep=200, return_mode="median")
+    return 2 * x.numel() * 4 / (ms * 1e-3) / 1e9
+
+
+def min_bytes(B, T, H, D, bwd, elem=2):
+    """Fewest bytes: read q, k, v, beta, write o; backward also reads them and do, writes dq, dk, dv, dbeta."""
+    per_token = (4 * D + 1) * elem
+    if bwd:
+        per_token += (4 * D + 1) * elem + (3 * D + 1) * elem
+    return B * T * H * per_token
+
+
+def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
+    import osdn_fast
+    import osdn_ref
+    from osdn_fast.ops.phase1 import preconditioner_scan
+
+    B, T, H, D = shape
+    eta = 0.003
+
+    def run(name, kind, call, inputs, do):
+        grads = [x for x in inputs if x is not None and x.requires_grad]
+        fwd = lambda: call()  # noqa: E731
+        fwdbwd = lambda: call().backward(do)  # noqa: E731
+        for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
+            with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+                ms = timed(fn, grads, smoke)
+                mem = peak_memory(fn, device)
+            rows.append(dict(shape=f"{B}x{T}x{H}x{D}", B=B, T=T, H=H, D=D, impl=name, kind=kind, mode=mode,
+                             ms=ms, tokens_per_s=B * T / (ms * 1e-3) if ms == ms else float("nan"),
+                             gbs=min_bytes(B, T, H, D, mode == "fwdbwd") / (ms * 1e-3) / 1e9 if ms == ms else float("nan"),
+                             peak_mib=mem))
+            print(f"{rows[-1]['shape']:>16} {name:>20} {mode:>6} {ms:9.3f} ms", flush=True)
+
+    names = ["osdn_gdn_clip", "osdn"] if sweep_only else list(osdn_variants())
+    for name in names:
+        gate, apf, extra = osdn_variants()[name]
+        x, do = make_inputs(B, T, H, D, dtype, device, gate, apf)
+        leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "beta")]
+        call = lambda x=x, extra=extra: osdn_fast.chunk_osdn(**x, eta=eta, **extra)[0]  # noqa: E731
+        run(name, "osdn_fast", call, leaves, do)
+        if not sweep_only and name in ("osdn_clip", "osdn_apf_clip"):
+            k, beta = x["k"], x["beta"]
+            p1 = lambda k=k, beta=beta, r=x["r"], extra=extra: preconditioner_scan(  # noqa: E731
+                k, beta, eta=eta, r=r, **extra)[0]
+            run(f"phase1[{name}]", "phase1", p1, [k, beta], torch.ones(B, T, H, D, device=device))
+        if not sweep_only and name == "osdn" and B * T <= REF_MAX_TOKENS:
+            call_ref = lambda x=x: osdn_ref.chunk_osdn(**x, eta=eta)[0]  # noqa: E731
+            run("osdn_ref", "pytorch", call_ref, leaves, do)
+
+    if have_fla:
+        from fla.ops.delta_rule import chunk_delta_rule
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        x, do = make_inputs(B, T, H, D, dtype, device, gate=False, apf=False)
+        leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "beta")]
+        run("fla_delta_rule", "fla", lambda: chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0], leaves, do)
+        if not sweep_only:
+            x, do = make_inputs(B, T, H, D, dtype, device, gate=True, apf=False)
+            leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "beta")]
+            run("fla_gated_delta_rule", "fla",
+                lambda: chunk_gated_delta_rule(x["q"], x["k"], x["v"], x["g"], x["beta"])[0], leaves, do)
+
+
+def summarise(rows):
+    """Ratios of medians against fla's chunk_delta_rule at each shape and mode, and phase 1's share."""
+    by = {(r["shape"], r["impl"], r["mode"]): r["ms"] for r in rows}
+    out = []
+    for (shape, impl, mode), ms in by.items():
+        base = by.get((shape, "fla_delta_rule", mode))
+        entry = dict(shape=shape, impl=impl, mode=mode, ms=ms,
+                     vs_fla_delta_rule=ms / base if base else None)
+        if impl.startswith("phase1["):
+            whole = by.get((shape, impl[7:-1], mode))
+            entry["share_of_osdn"] = ms / whole if whole else None
+        out.append(entry)
+    return out
+
+
+def fit_slope(rows, impl, mode):
+    pts = [(math.log(r["T"]), math.log(r["ms"])) for r in rows
+           if r["impl"] == impl and r["mode"] == mode and r.get("sweep") and r["ms"] == r["ms"]]
+    if len(pts) < 2:
+        return None
+    mx = sum(p[0] for p in pts) / len(pts)
+    my = sum(p[1] for p in pts) / len(pts)
+    return sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes, one call each, no timing (CPU check)")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    try:
+        import fla  # noqa: F401
+
+        have_fla = device == "cuda"
+    except ImportError:
+        have_fla = False
+    if not have_fla:
+        print("fla is not importable here (or no GPU): its baselines are skipped", flush=True)
+
+    rows = []
+    for shape in SMOKE_SHAPES if args.smoke else SHAPES:
+        bench_shape(shape, dtype, device, args.smoke, have_fla, rows)
+    sweep_rows = []
+    for shape in SMOKE_SHAPES if args.smoke else T_SWEEP:
+        bench_shape(shape, dtype, device, args.smoke, have_fla, sweep_rows, sweep_only=True)
+    for r in sweep_rows:
+        r["sweep"] = True
+    rows += sweep_rows
+
+    import triton
+
+    meta = dict(
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        command=" ".join([os.path.basename(sys.executable)] + sys.argv),
+        gpu=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
+        torch=torch.__version__, triton=triton.__version__,
+        fla=__import__("fla").__version__ if have_fla else None,
+        dtype=str(dtype), copy_ceiling_gbs=copy_ceiling_gbs(device, args.smoke),
+        timing="triton.testing.do_bench, median, warmup 25 ms, rep 100 ms",
+    )
+    slopes = {f"{impl}/{mode}": fit_slope(rows, impl, mode)
+              for impl in ("osdn_gdn_clip", "osdn", "fla_delta_rule") for mode in ("fwd", "fwdbwd")}
+    result = dict(meta=meta, rows=rows, summary=summarise(rows), t_sweep_loglog_slope=slopes)
+    with open(os.path.join(args.out, "bench_suite.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "bench_suite.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
+        w.writeheader()
+        w.writerows(rows)
+    print(json.dumps(meta))
+    print("T-sweep log-log slopes:", json.dumps(slopes))
+    for s in result["summary"]:
+        if s["vs_fla_delta_rule"] is not None:
+            print(f"{s['shape']:>16} {s['impl']:>24} {s['mode']:>6} {s['ms']:9.3f} ms  x{s['vs_fla_delta_rule']:.2f} vs fla")
+
+
+if __name__ == "__main__":
+    main()
