@@ -1,0 +1,133 @@
+"""osdn_fast.chunk_osdn (Triton, run in the CPU interpreter without a GPU) against osdn_ref.chunk_osdn in
+float64: the output, both final states and the gradient of every differentiable input (q, k, v, β, g, r,
+S0, d0, η) — fixed length and packed variable-length sequences — plus the input checks of SPEC §4."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import osdn_fast  # noqa: E402
+import osdn_ref  # noqa: E402
+from strategies import make_tensors, problems  # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FORWARD_TOL = 1e-4  # float32 kernels against the float64 reference
+GRAD_TOL = 1e-3
+HALF_TOL = 3e-2  # bfloat16 / float16 inputs (rounded once on the way in)
+FLOOR = 1e-2  # below this norm errors count absolutely: e.g. ∂η vanishes at the beta-free fixed point d = 1,
+#               where the float32 round-off of 1 − ⟨d, k²⟩ is all that is left
+
+
+def leaves(tensors, dtype):
+    """Detached copies on DEVICE in `dtype` that require grad (None and non-tensors pass through)."""
+    return {name: x.detach().to(DEVICE, dtype).requires_grad_() if isinstance(x, torch.Tensor) else x
+            for name, x in tensors.items()}
+
+
+def run(op, x, options, cotangents, **extra):
+    """Call op, pull the cotangents back through (o, S, d) and return the results and every leaf gradient."""
+    init = (x["S0"], x["d0"]) if x["S0"] is not None or x["d0"] is not None else None
+    o, (S, d) = op(x["q"], x["k"], x["v"], x["beta"], eta=x["eta"], g=x["g"], r=x["r"], initial_state=init,
+                   output_final_state=True, **options, **extra)
+    do, dS, dd = (c.to(o.device) for c in cotangents)
+    ((o.double() * do).sum() + (S.double() * dS).sum() + (d.double() * dd).sum()).backward()
+    grads = {f"d{name}": t.grad for name, t in x.items() if isinstance(t, torch.Tensor)}
+    return {"o": o, "S": S, "d": d, **grads}
+
+
+def compare(tensors, options, chunk_size, dtype=torch.float32, fwd_tol=FORWARD_TOL, grad_tol=GRAD_TOL,
+            cu_seqlens=None):
+    """Run both ops on the same float64 values and check every result and gradient."""
+    gen = torch.Generator().manual_seed(1)
+    o_shape = tensors["v"].shape
+    N, H, K = (len(cu_seqlens) - 1 if cu_seqlens is not None else o_shape[0]), o_shape[2], tensors["k"].shape[-1]
+    cot = (torch.randn(o_shape, generator=gen, dtype=torch.float64),
+           torch.randn(N, H, K, o_shape[-1], generator=gen, dtype=torch.float64),
+           torch.randn(N, H, K, generator=gen, dtype=torch.float64))
+    ref = run(osdn_ref.chunk_osdn, leaves(tensors, torch.float64), options, cot, cu_seqlens=cu_seqlens)
+    cu = None if cu_seqlens is None else cu_seqlens.to(DEVICE)
+    fast = run(osdn_fast.chunk_osdn, leaves(tensors, dtype), options, cot, chunk_size=chunk_size, cu_seqlens=cu)
+    assert fast["o"].dtype == dtype and fast["S"].dtype == torch.float32 and fast["d"].dtype == torch.float32
+    for name, expected in ref.items():
+        tol = fwd_tol if name in ("o", "S", "d") else grad_tol
+        assert name in fast and fast[name] is not None, name
+        err = (fast[name].double().cpu() - expected).norm().item() / max(expected.norm().item(), FLOOR)
+        assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
+
+
+def as_tensors(p):
+    """A strategies.Problem → the named inputs of `run` (None where the problem has no such input)."""
+    S0, d0 = p.options.get("initial_state") or (None, None)
+    tensors = dict(q=p.q, k=p.k, v=p.v, beta=p.beta, g=p.options.get("g"), r=p.options.get("r"), S0=S0, d0=d0,
+                   eta=p.options["eta"])
+    options = {name: p.options.get(name) for name in ("scale", "d_min", "d_max")}
+    options.update(beta_aware=p.options["beta_aware"], normalize=p.options["normalize"])
+    return tensors, options
+
+
+@settings(max_examples=12)
+@given(p=problems(dtypes=(torch.float64,), T=st.sampled_from([1, 5, 16, 33, 64, 70]), gates=("none", "gdn"),
+                  K=st.sampled_from([1, 3, 16, 20]), V=st.sampled_from([2, 5, 16, 17])),
+       chunk_size=st.sampled_from([16, 32, 64]))
+def test_matches_reference(p, chunk_size):
+    """Forward and every gradient, over shapes (T = 1, < C, not a multiple of C), flags, gates, r, clip,
+    initial states and η as a float or a per-head tensor."""
+    compare(*as_tensors(p), chunk_size)
+
+
+@settings(max_examples=8)
+@given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4), gate=st.booleans(), states=st.booleans(),
+       K=st.sampled_from([4, 16, 20]), V=st.sampled_from([3, 16]), seed=st.integers(0, 2**31 - 1))
+def test_varlen_matches_reference(lengths, gate, states, K, V, seed):
+    """Packed sequences (cu_seqlens, B = 1): each restarts from its own initial state and ends in its own."""
+    T, H, N = sum(lengths), 2, len(lengths)
+    gen, (q, k, v, beta) = make_tensors(seed, 1, T, H, K, V, torch.float64)
+    tensors = dict(q=q, k=k, v=v, beta=beta, eta=torch.tensor([0.5, 0.1], dtype=torch.float64),
+                   g=-torch.rand(1, T, H, generator=gen, dtype=torch.float64) if gate else None,
+                   r=0.5 + 0.5 * torch.rand(1, T, H, generator=gen, dtype=torch.float64),
+                   S0=torch.randn(N, H, K, V, generator=gen, dtype=torch.float64) if states else None,
+                   d0=0.5 + torch.rand(N, H, K, generator=gen, dtype=torch.float64) if states else None)
+    cu = torch.tensor([0] + lengths, dtype=torch.int32).cumsum(0).to(torch.int32)
+    compare(tensors, dict(d_min=0.5, d_max=2.0), 16, cu_seqlens=cu)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_inputs(dtype):
+    """bfloat16 / float16 in, float32 state and accumulation: close to the float64 reference."""
+    _, (q, k, v, beta) = make_tensors(3, 1, 40, 2, 16, 16, torch.float64)
+    tensors = dict(q=q, k=k, v=v, beta=beta, eta=0.5, g=-0.1 * torch.ones(1, 40, 2, dtype=torch.float64),
+                   r=None, S0=None, d0=None)
+    compare(tensors, {}, 16, dtype=dtype, fwd_tol=HALF_TOL, grad_tol=HALF_TOL)
+
+
+def small(B=1, T=4, H=2, K=8, V=8, dtype=torch.float32):
+    return [torch.randn(*s, dtype=dtype) for s in ((B, T, H, K), (B, T, H, K), (B, T, H, V), (B, T, H))]
+
+
+@pytest.mark.parametrize("change, match", [
+    (dict(K=257), "key dim K = 257"),
+    (dict(V=300), "value dim V = 300"),
+    (dict(dtype=torch.float64), "float32, bfloat16 or float16"),
+    (dict(chunk_size=8), "chunk_size"),
+    (dict(beta_shape=(1, 4, 3)), "beta must have shape"),
+    (dict(cu_seqlens=torch.tensor([0, 3, 3, 4])), "strictly increasing"),
+])
+def test_bad_inputs_raise_value_error(change, match):
+    """SPEC §4: ValueError naming the argument before any kernel launch (K, V above the kernels' 256 too)."""
+    chunk_size, beta_shape, cu = change.pop("chunk_size", 64), change.pop("beta_shape", None), change.pop("cu_seqlens", None)
+    q, k, v, beta = small(**change)
+    beta = torch.rand(beta_shape) if beta_shape else beta
+    with pytest.raises(ValueError, match=match):
+        osdn_fast.chunk_osdn(q, k, v, beta, eta=0.1, chunk_size=chunk_size, cu_seqlens=cu)
+
+
+def test_kda_gate_not_implemented():
+    q, k, v, beta = small()
+    with pytest.raises(NotImplementedError, match="osdn_ref.chunk_osdn"):
+        osdn_fast.chunk_osdn(q, k, v, beta, eta=0.1, g=-torch.rand(1, 4, 2, 8))
