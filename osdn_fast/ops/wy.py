@@ -25,15 +25,27 @@ from .common import chunk_rows, load_gate, load_tile, store_tile
 
 @triton.jit
 def unit_lower_inverse(A, BT: tl.constexpr):
-    """(I + A)⁻¹ for strictly lower A [BT, BT]: row i of N = (I + A)⁻¹ − I is −A_i − Σ_{j<i} A_ij N_j."""
+    """(I + A)⁻¹ for strictly lower A [BT, BT], BT a multiple of 16.
+
+    First the 16×16 diagonal blocks, all at once by forward substitution: row i of N = D − I is
+    −A_i − Σ_{j<i} A_ij N_j (rows i, 16 + i, … have disjoint columns, so one pass serves every block).
+    Then block rows b = 1, 2, … in turn: X_b = D_b (e_b − Σ_{m<b} A_bm X_m), in full float32.
+    """
     o_i = tl.arange(0, BT)
-    N = -A
-    for i in range(1, BT):
-        is_row = o_i[:, None] == i
+    same = (o_i[:, None] // 16) == (o_i[None, :] // 16)
+    N = tl.where(same, -A, 0.0)
+    for i in range(1, 16):
+        is_row = (o_i % 16)[:, None] == i
         row = tl.sum(tl.where(is_row, N, 0.0), axis=0)
         row = row + tl.sum(row[:, None] * N, axis=0)
-        N = tl.where(is_row, row[None, :], N)
-    return N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+        N = tl.where(is_row & same, row[None, :], N)
+    D = N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
+    X = D
+    for b in range(1, BT // 16):
+        in_b = (o_i // 16)[:, None] == b
+        R = tl.dot(tl.where(in_b & ((o_i // 16)[None, :] < b), A, 0.0), X, input_precision="ieee")
+        X = X - tl.dot(tl.where(in_b, D, 0.0), R, input_precision="ieee")
+    return X
 
 
 @triton.jit
