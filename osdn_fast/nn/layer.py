@@ -38,13 +38,13 @@ class ShortConv(nn.Module):
         return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
 
 
-def chunk_op(device: torch.device, kernel: str, chunk_size: int):
-    """(op, extra kwargs): osdn_fast's Triton op (imported only when used) on CUDA, osdn_ref's elsewhere."""
+def chunk_op(device: torch.device, kernel: str):
+    """The chunkwise op: osdn_fast's Triton op (imported only when used) on CUDA, osdn_ref's elsewhere."""
     if kernel == "fast" or (kernel == "auto" and device.type == "cuda"):
         from osdn_fast import chunk_osdn
 
-        return chunk_osdn, {}
-    return osdn_ref.chunk_osdn, dict(chunk_size=chunk_size)
+        return chunk_osdn
+    return osdn_ref.chunk_osdn
 
 
 class OSDNLayer(nn.Module):
@@ -132,7 +132,7 @@ class OSDNLayer(nn.Module):
         if self.mode == "recurrent":
             op, extra = osdn_ref.recurrent_osdn, {}
         else:
-            op, extra = chunk_op(x.device, self.kernel, self.chunk_size)
+            op, extra = chunk_op(x.device, self.kernel), dict(chunk_size=self.chunk_size)
         o, _ = op(q, k, v, beta, eta=self.eta_value(), g=g, r=r, initial_state=(S0, d_init),
                   beta_aware=self.beta_aware, **clip, **extra)
         if self.record:
