@@ -150,15 +150,24 @@ def test_chunked_matches_reference(p):
 
 
 @settings(max_examples=6, deadline=None)
-@given(phase1_problems(clip=False), st.sampled_from([33, 64, 90]))
-def test_chunked_matches_sequential_over_many_chunks(p, T):
-    """Both Triton forms on the same float32 input, several chunks of 16 with a partial last one."""
+@given(phase1_problems(clip=False), st.sampled_from([33, 64, 90]), st.sampled_from(["both", "all", "final"]))
+def test_chunked_matches_sequential_over_many_chunks(p, T, used):
+    """Both Triton forms on the same float32 input, several chunks of 16 with a partial last one, forward and
+    backward; the loss uses d_all, d_final or both (so either incoming gradient may be absent)."""
     p = dict(p, T=T, lengths=None, dtype=torch.float32, chunk_size=16)
     x = make_inputs(p)
-    _, seq_all, seq_final = fast(x, p, chunked=False)
-    _, chk_all, chk_final = fast(x, p, chunked=True)
+    results = []
+    for chunked in (False, True):
+        y, d_all, d_final = fast(x, p, chunked=chunked)
+        weighted = (d_all * torch.linspace(-1, 1, T, device=DEVICE)[:, None, None]).sum()
+        loss = {"both": weighted + d_final.sum(), "all": weighted, "final": d_final.sum()}[used]
+        names = [n for n, t in y.items() if isinstance(t, torch.Tensor)]
+        results.append((d_all, d_final, dict(zip(names, torch.autograd.grad(loss, [y[n] for n in names])))))
+    (seq_all, seq_final, seq_grads), (chk_all, chk_final, chk_grads) = results
     osdn_ref.check("d_all", chk_all, seq_all, FORWARD_TOL)
     osdn_ref.check("d_final", chk_final, seq_final, FORWARD_TOL)
+    for name, g in seq_grads.items():
+        close(f"d{name}", chk_grads[name], g, GRAD_TOL[torch.float32])
 
 
 def test_eta_zero_keeps_d0():

@@ -12,7 +12,8 @@ the reverse scan of the adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with
     ∂a_t = w_t λ̄_t − (η b_t² / n_t) p_t d_t,  ∂k_t = 2 k_t (∂a_t − w_t p_t / n_t)   (the last term if normalised)
     ∂β_t = η p_t (1 − 2 b_t s_t) / n_t,  ∂r_t = ⟨λ̄_t, d_t⟩,  ∂η = Σ_t p_t b_t (1 − b_t s_t) / n_t
 
-Without the clip, `phase1_chunk` computes the same scan chunk-parallel; `preconditioner_scan` picks it.
+Without the clip, `phase1_chunk` computes the same scan and its backward chunk-parallel; `preconditioner_scan`
+picks it.
 """
 from __future__ import annotations
 
@@ -198,7 +199,7 @@ def _grad_like(grad, x):
 
 
 class Phase1Function(torch.autograd.Function):
-    """(k, β, r, d_0, η[H]) → (d_all, d_final); the backward is the sequential reverse scan."""
+    """(k, β, r, d_0, η[H]) → (d_all, d_final); chunk_size 0 is the sequential scan, else the chunk form."""
 
     @staticmethod
     def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, chunk_size):
@@ -210,7 +211,7 @@ class Phase1Function(torch.autograd.Function):
         else:
             d_all, d_final = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
         ctx.save_for_backward(k, beta, r, d0, eta, d_all, cu_seqlens)
-        ctx.opts = opts
+        ctx.opts, ctx.chunk_size = opts, chunk_size
         return d_all, d_final
 
     @staticmethod
@@ -219,7 +220,13 @@ class Phase1Function(torch.autograd.Function):
         opts = dict(ctx.opts, cu_seqlens=cu_seqlens)
         gd_all = None if gd_all is None else gd_all.contiguous()
         gd_final = None if gd_final is None else gd_final.contiguous()
-        dk, dbeta, dr, dd0, deta = phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
+        if ctx.chunk_size:
+            from .phase1_chunk import phase1_bwd_chunk
+
+            grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, chunk_size=ctx.chunk_size)
+        else:
+            grads = phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
+        dk, dbeta, dr, dd0, deta = grads
         return (
             dk.to(k.dtype), dbeta.to(beta.dtype), _grad_like(dr, r), _grad_like(dd0, d0),
             _grad_like(deta.sum(0), eta), None, None, None, None, None, None,
@@ -246,7 +253,7 @@ def preconditioner_scan(
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
     with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=None` uses the chunk-parallel
     forward (chunks of `chunk_size`, a power of two ≥ 16) when there is no clip, the sequential scan
-    otherwise; the backward is the sequential reverse scan. Inputs are assumed validated.
+    otherwise; the backward takes the same form as the forward. Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):

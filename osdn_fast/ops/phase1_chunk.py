@@ -10,6 +10,11 @@ entering with x_0, with γ_i = Σ_{m<i} log r_m (exclusive) and γ̄_j = γ_j + 
 so u = u⁰ − Tq (A x_0) with u⁰ = (I + L)⁻¹ e and Tq = (I + L)⁻¹ diag(c e^{γ}). Three launches:
 `prep` (every chunk in parallel: Gram, forward substitution, u⁰, Tq), `state` (sequential over the chunks of
 one (sequence, head), O(C·K) per chunk: u and the chunk-entry states), `out` (every chunk in parallel: d_t).
+
+Backward: the adjoint λ_t = ∂L/∂d_t obeys λ_t = r_t λ_{t+1} − c_t p_t a_t + ∂L/∂d_t (p_t = ⟨λ_{t+1}, a_t⟩), the
+transposed recurrence, so p in a chunk solves (I + Lᵀ) p = e^{Γ − γ̄} ⊙ (A λ_end) + Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩
+with the same L. The same three launches run in reverse order of chunks; the local gradients of each token
+(module docstring of `phase1`) need only d_t, p_t and λ_{t+1}, so they are computed in parallel.
 """
 from __future__ import annotations
 
@@ -26,7 +31,8 @@ from .phase1 import _block_k, _seq_bounds
 def _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
                   HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
                   C: tl.constexpr, BK: tl.constexpr):
-    """Load one chunk: a [C, BK], c, e, γ (exclusive) and γ̄ (inclusive log-decay sums) [C]; pads are identity."""
+    """Load one chunk: k, a = k² [C, BK]; b, ν, c, e, γ (exclusive) and γ̄ (inclusive log-decay sums) [C].
+    Padding rows (t ≥ eos) get a = c = e = log r = 0: identity steps."""
     it = tl.arange(0, C)
     offs = tl.arange(0, BK)
     t = cs + it
@@ -49,7 +55,42 @@ def _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
     else:
         lr = tl.zeros([C], dtype=tl.float32)
     g_incl = tl.cumsum(lr, axis=0)
-    return t, valid, a, c, e, g_incl - lr, g_incl
+    return t, valid, kt, a, b, nu, c, e, g_incl - lr, g_incl
+
+
+@triton.jit
+def _solve_unit_lower(L, x, u, C: tl.constexpr):
+    """Forward substitution: (I + L) [X | u] = [x | u] for strictly lower L [C, C]."""
+    rows = tl.arange(0, C)
+    for i in range(1, C):
+        sel = rows == i
+        li = tl.sum(tl.where(sel[:, None], L, 0.0), axis=0)
+        x = tl.where(sel[:, None], x - tl.sum(li[:, None] * x, axis=0)[None, :], x)
+        u = tl.where(sel, u - tl.sum(li * u, axis=0), u)
+    return x, u
+
+
+@triton.jit
+def _solve_unit_upper_t(L, x, u, C: tl.constexpr):
+    """Back substitution with the transpose: (I + Lᵀ) [X | u] = [x | u] for strictly lower L [C, C]."""
+    rows = tl.arange(0, C)
+    for j in range(1, C):
+        i = C - 1 - j
+        sel = rows == i
+        li = tl.sum(tl.where(sel[None, :], L, 0.0), axis=1)
+        x = tl.where(sel[:, None], x - tl.sum(li[:, None] * x, axis=0)[None, :], x)
+        u = tl.where(sel, u - tl.sum(li * u, axis=0), u)
+    return x, u
+
+
+@triton.jit
+def _gram_decay(a, c, g, g_incl, C: tl.constexpr):
+    """L_ij = c_i e^{γ_i − γ̄_j} ⟨a_i, a_j⟩ for j < i, else 0."""
+    rows = tl.arange(0, C)
+    lower = rows[:, None] > rows[None, :]
+    gram = tl.dot(a, tl.trans(a), input_precision="ieee")
+    decay = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0)
+    return c[:, None] * decay * gram
 
 
 @triton.jit
@@ -66,20 +107,11 @@ def phase1_chunk_prep_kernel(
     cs = tl.load(chunk_start + ci).to(tl.int64)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
-    t, valid, a, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
+    t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
                                                  HAS_R, BETA_AWARE, NORMALIZE, C, BK)
     rows = tl.arange(0, C)
-    lower = rows[:, None] > rows[None, :]
-    gram = tl.dot(a, tl.trans(a), input_precision="ieee")
-    decay = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0)
-    L = c[:, None] * decay * gram
-    x = tl.where(rows[:, None] == rows[None, :], (c * tl.exp(g))[None, :], 0.0)
-    u = e
-    for i in range(1, C):
-        sel = rows == i
-        li = tl.sum(tl.where(sel[:, None], L, 0.0), axis=0)
-        x = tl.where(sel[:, None], x - tl.sum(li[:, None] * x, axis=0)[None, :], x)
-        u = tl.where(sel, u - tl.sum(li * u, axis=0), u)
+    L = _gram_decay(a, c, g, g_incl, C)
+    x, u = _solve_unit_lower(L, tl.where(rows[:, None] == rows[None, :], (c * tl.exp(g))[None, :], 0.0), e, C)
     tl.store(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(u0 + t * H + h, u, mask=valid)
 
@@ -108,7 +140,7 @@ def phase1_chunk_state_kernel(
     for ci in range(c_first, c_last):
         cs = bos + (ci - c_first) * C
         tl.store(x0 + (ci * H + h) * K + offs, x, mask=mask)
-        t, valid, a, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
+        t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
                                                      HAS_R, BETA_AWARE, NORMALIZE, C, BK)
         tq_c = tl.load(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :])
         p = tl.sum(a * x[None, :], axis=1)
@@ -149,6 +181,117 @@ def phase1_chunk_out_kernel(
     x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
     d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kt * kt, input_precision="ieee")
     tl.store(d_all + (t[:, None] * H + h) * K + offs[None, :], d, mask=m2)
+
+
+@triton.jit
+def phase1_chunk_bwd_prep_kernel(
+    k, beta, r, eta, gd_all, chunk_seq, chunk_start, cu_seqlens, tp, pg, hg,
+    T, H, K, eps,
+    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr,
+):
+    """Per chunk: (I + Lᵀ) [Tp | pᵍ] = [diag(e^{Γ − γ̄}) | Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩], hᵍ = Σ_j e^{γ_j} g_j."""
+    ci = tl.program_id(0)
+    h = tl.program_id(1)
+    n = tl.load(chunk_seq + ci)
+    cs = tl.load(chunk_start + ci).to(tl.int64)
+    _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
+                                                          HAS_R, BETA_AWARE, NORMALIZE, C, BK)
+    rows = tl.arange(0, C)
+    offs = tl.arange(0, BK)
+    m2 = valid[:, None] & (offs[None, :] < K)
+    gd = tl.load(gd_all + (t[:, None] * H + h) * K + offs[None, :], mask=m2, other=0.0).to(tl.float32)
+    upper = rows[:, None] < rows[None, :]
+    q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
+    rg = tl.sum(q * tl.dot(a, tl.trans(gd), input_precision="ieee"), axis=1)
+    g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
+    x = tl.where(rows[:, None] == rows[None, :], tl.exp(g_end - g_incl)[:, None], 0.0)
+    x, rg = _solve_unit_upper_t(_gram_decay(a, c, g, g_incl, C), x, rg, C)
+    tl.store(tp + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
+    tl.store(pg + t * H + h, rg, mask=valid)
+    tl.store(hg + (ci * H + h) * K + offs, tl.sum(tl.exp(g)[:, None] * gd, axis=0), mask=offs < K)
+
+
+@triton.jit
+def phase1_chunk_bwd_state_kernel(
+    k, beta, r, gd_final, eta, chunk_offsets, cu_seqlens, tp, pg, hg, p, lam_end, dd0,
+    T, H, K, eps,
+    HAS_R: tl.constexpr, HAS_GD_FINAL: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+    IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+):
+    """Reverse over the chunks of (n, h): p = pᵍ + Tp (A λ), λ ← e^{Γ} λ + hᵍ − Aᵀ(e^{γ} c p); dd_0 = λ."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    c_first = tl.load(chunk_offsets + n)
+    c_last = tl.load(chunk_offsets + n + 1)
+    offs = tl.arange(0, BK)
+    mask = offs < K
+    rows = tl.arange(0, C)
+    if HAS_GD_FINAL:
+        lam = tl.load(gd_final + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        lam = tl.zeros([BK], dtype=tl.float32)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    for j in range(0, c_last - c_first):
+        ci = c_last - 1 - j
+        cs = bos + (ci - c_first) * C
+        tl.store(lam_end + (ci * H + h) * K + offs, lam, mask=mask)
+        t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
+                                                              HAS_R, BETA_AWARE, NORMALIZE, C, BK)
+        tp_c = tl.load(tp + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :])
+        pc = tl.load(pg + t * H + h, mask=valid, other=0.0) + tl.sum(tp_c * tl.sum(a * lam[None, :], axis=1)[None, :], axis=1)
+        tl.store(p + t * H + h, pc, mask=valid)
+        g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
+        hg_c = tl.load(hg + (ci * H + h) * K + offs, mask=mask, other=0.0)
+        lam = tl.exp(g_end) * lam + hg_c - tl.sum((tl.exp(g) * c * pc)[:, None] * a, axis=0)
+    tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
+
+
+@triton.jit
+def phase1_chunk_bwd_out_kernel(
+    k, beta, r, eta, d_all, gd_all, chunk_seq, chunk_start, cu_seqlens, p, lam_end,
+    dk, dbeta, dr, deta,
+    T, H, K, eps,
+    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr,
+):
+    """Per chunk: λ_{t+1} = e^{Γ − γ̄_i} λ_end + Σ_{j>i} e^{γ_j − γ̄_i} (g_j − c_j p_j a_j), then the local
+    gradients of token t (module docstring of phase1)."""
+    ci = tl.program_id(0)
+    h = tl.program_id(1)
+    n = tl.load(chunk_seq + ci)
+    cs = tl.load(chunk_start + ci).to(tl.int64)
+    _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    t, valid, kt, a, b, nu, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
+                                                            HAS_R, BETA_AWARE, NORMALIZE, C, BK)
+    rows = tl.arange(0, C)
+    offs = tl.arange(0, BK)
+    m2 = valid[:, None] & (offs[None, :] < K)
+    ptr = (t[:, None] * H + h) * K + offs[None, :]
+    gd = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
+    d = tl.load(d_all + ptr, mask=m2, other=0.0)
+    pc = tl.load(p + t * H + h, mask=valid, other=0.0)
+    upper = rows[:, None] < rows[None, :]
+    q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
+    g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
+    lam = tl.load(lam_end + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
+    mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gd, input_precision="ieee") \
+        - tl.dot(q * (c * pc)[None, :], a, input_precision="ieee")
+    s = tl.sum(d * a, axis=1)
+    w = e * (1.0 - b * s)
+    da = w[:, None] * mu - (c * pc)[:, None] * d
+    if NORMALIZE:
+        da = da - (w * pc * nu)[:, None]
+    tl.store(dk + ptr, 2.0 * kt * da, mask=m2)
+    if BETA_AWARE:
+        tl.store(dbeta + t * H + h, pc * eta_h * (1.0 - 2.0 * b * s) * nu, mask=valid)
+    if HAS_R:
+        tl.store(dr + t * H + h, tl.sum(mu * d, axis=1), mask=valid)
+    tl.store(deta + t * H + h, pc * b * (1.0 - b * s) * nu, mask=valid)
 
 
 def chunk_table(B: int, T: int, cu_seqlens: torch.Tensor | None, C: int, device):
@@ -197,3 +340,44 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     )
     phase1_chunk_out_kernel[(NC, H)](k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags)
     return d_all, d_final
+
+
+def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
+                     cu_seqlens, chunk_size: int = 64):
+    """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r)."""
+    if d_min is not None or d_max is not None:
+        raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
+    B, T, H, K = k.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    C, BK = chunk_size, _block_k(K)
+    seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
+    NC = seq.numel()
+    f32 = dict(dtype=torch.float32, device=k.device)
+    if gd_all is None:
+        gd_all = torch.zeros(B, T, H, K, **f32)
+    tp = torch.empty(NC, H, C, C, **f32)
+    pg = torch.empty(B, T, H, **f32)
+    hg = torch.empty(NC, H, K, **f32)
+    p = torch.empty(B, T, H, **f32)
+    lam_end = torch.empty(NC, H, K, **f32)
+    dk = torch.empty(B, T, H, K, **f32)
+    dbeta = torch.empty(B, T, H, **f32) if beta_aware else torch.zeros(B, T, H, **f32)
+    dr = torch.empty(B, T, H, **f32) if r is not None else None
+    dd0 = torch.empty(N, H, K, **f32)
+    deta = torch.empty(B, T, H, **f32)
+    r_ = r if r is not None else beta
+    cu = cu_seqlens if cu_seqlens is not None else offsets
+    flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
+    gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
+    phase1_chunk_bwd_prep_kernel[(NC, H)](
+        k, beta, r_, eta, gd_all, seq, start, cu, tp, pg, hg, T, H, K, EPS, **gains, **flags,
+    )
+    phase1_chunk_bwd_state_kernel[(N, H)](
+        k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
+        T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags,
+    )
+    phase1_chunk_bwd_out_kernel[(NC, H)](
+        k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
+        deta, T, H, K, EPS, **gains, **flags,
+    )
+    return dk, dbeta, dr, dd0, deta.flatten(0, 1)
