@@ -1,0 +1,185 @@
+"""GPU validation of osdn_fast.chunk_osdn against osdn_ref.chunk_osdn in float64 (issue 4, item 5).
+
+For fla's test shapes (B, T, H, D) and packed variable-length sequences, in bfloat16 and float16, without a
+gate and with the GDN gate, it compares the output, both final states (S, d) and the gradient of every input
+(q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖, the reference running in float64 on the same
+device from the same rounded inputs. Thresholds: 0.006 for outputs and states, 0.008 for gradients.
+Then first timings (triton.testing.do_bench, median) of forward and forward+backward at (4, 4096, 16, 128)
+bfloat16, for the whole op and for phase 2 alone.
+
+Writes gpu_validation.json and gpu_validation.csv into --out, with the date, GPU, torch and triton versions;
+exits 1 when a row is above its threshold (after writing).
+
+    python benchmarks/validate_gpu.py --out $OUT                                     # on the GPU
+    TRITON_INTERPRET=1 python benchmarks/validate_gpu.py --smoke --out /tmp/val     # script check on the CPU
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as dt
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+OUTPUT_THRESHOLD = 0.006
+GRAD_THRESHOLD = 0.008
+SHAPES = [(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64)]
+VARLEN = [((0, 15, 100, 300, 1200, 2000), 4, 128)]  # (cu_seqlens, H, D)
+TIMING_SHAPE = (4, 4096, 16, 128)
+SMOKE_SHAPES = [(1, 20, 1, 16), (2, 70, 2, 20)]
+SMOKE_VARLEN = [((0, 5, 40, 71), 2, 16)]
+SMOKE_TIMING_SHAPE = (1, 64, 2, 16)
+OPTIONS = dict(eta=0.5, d_min=2 / 3, d_max=1.5)  # a large η so that d moves; the authors' clip
+
+
+def make_case(B, T, H, D, dtype, gate, N, device, seed=0):
+    """Inputs (in `dtype`, states float32) and float64 cotangents for (o, S, d), fla-style value ranges."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
+    x = dict(q=rnd(B, T, H, D), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, D),
+             beta=torch.rand(B, T, H, generator=gen).sigmoid(),
+             g=F.logsigmoid(torch.rand(B, T, H, generator=gen)) if gate else None)
+    x = {n: None if t is None else t.to(device, dtype) for n, t in x.items()}
+    x["S0"] = rnd(N, H, D, D).to(device)
+    x["d0"] = (0.8 + 0.4 * torch.rand(N, H, D, generator=gen)).to(device)
+    cot = [rnd(B, T, H, D), rnd(N, H, D, D), rnd(N, H, D)]
+    return x, [c.to(device, torch.float64) for c in cot]
+
+
+def run(op, x, cot, cu_seqlens):
+    """Forward, then the backward of Σ o·do + Σ S·dS + Σ d·dd; returns {name: result or gradient}."""
+    leaves = {n: None if t is None else t.detach().clone().requires_grad_() for n, t in x.items()}
+    o, (S, d) = op(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], g=leaves["g"],
+                   initial_state=(leaves["S0"], leaves["d0"]), output_final_state=True, cu_seqlens=cu_seqlens,
+                   **OPTIONS)
+    ((o.double() * cot[0]).sum() + (S.double() * cot[1]).sum() + (d.double() * cot[2]).sum()).backward()
+    out = {"o": o, "S": S, "d": d}
+    out.update({f"d{n}": t.grad for n, t in leaves.items() if t is not None})
+    return out
+
+
+def rel_rmse(a, e):
+    a, e = a.detach().double(), e.detach().double()
+    if not torch.isfinite(a).all():
+        return float("inf")
+    return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
+
+
+def validate(shape, dtype, gate, cu, device):
+    import osdn_fast
+    import osdn_ref
+
+    B, T, H, D = shape
+    N = B if cu is None else len(cu) - 1
+    x, cot = make_case(B, T, H, D, dtype, gate, N, device)
+    cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
+    fast = run(osdn_fast.chunk_osdn, x, cot, cu_t)
+    ref = run(osdn_ref.chunk_osdn, {n: None if t is None else t.double() for n, t in x.items()}, cot,
+              None if cu is None else cu_t.long())
+    rows = []
+    for name, expected in ref.items():
+        kind = "output" if name in ("o", "S", "d") else "gradient"
+        threshold = OUTPUT_THRESHOLD if kind == "output" else GRAD_THRESHOLD
+        err = rel_rmse(fast[name], expected)
+        rows.append(dict(B=B, T=T, H=H, D=D, varlen=cu is not None, cu_seqlens=None if cu is None else list(cu),
+                         dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none", name=name,
+                         kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold)))
+    return rows
+
+
+def bench(fn, device):
+    """Median milliseconds: triton.testing.do_bench on CUDA, wall clock (3 runs) elsewhere."""
+    if device == "cuda":
+        import triton.testing
+        return float(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median"))
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        fn()
+        times.append(1e3 * (time.perf_counter() - t))
+    return statistics.median(times)
+
+
+def timings(shape, device):
+    """fwd and fwd+bwd of chunk_osdn (phase 1 + phase 2) and of phase 2 alone, bfloat16, with and without GDN."""
+    from osdn_fast.ops.chunk import ChunkOSDNPhase2
+    from osdn_fast.ops.index import uniform_cu_seqlens
+
+    B, T, H, D = shape
+    import osdn_fast
+    rows = []
+    for gate in (False, True):
+        x, _ = make_case(B, T, H, D, torch.bfloat16, gate, B, device)
+        for n in ("q", "k", "v", "beta"):
+            x[n].requires_grad_()
+        do = torch.randn_like(x["v"])
+        full = lambda: osdn_fast.chunk_osdn(x["q"], x["k"], x["v"], x["beta"], g=x["g"], **OPTIONS)[0]  # noqa: E731
+        kt = (x["k"].detach().float() * 1.01).requires_grad_()
+        cu = uniform_cu_seqlens(B, T, device)
+        pk = lambda t: None if t is None else t.reshape(1, B * T, *t.shape[2:])  # noqa: E731
+        phase2 = lambda: ChunkOSDNPhase2.apply(pk(x["q"]), pk(x["k"]), pk(kt), pk(x["v"]), pk(x["beta"]),  # noqa: E731
+                                               pk(x["g"]), None, cu, D**-0.5, False, 64)[0]
+        for what, fn in (("chunk_osdn", full), ("phase2", phase2)):
+            fwd = bench(lambda: fn(), device)
+            fwd_bwd = bench(lambda: fn().backward(pk(do) if what == "phase2" else do), device)
+            rows.append(dict(op=what, B=B, T=T, H=H, D=D, dtype="bfloat16", gate="gdn" if gate else "none",
+                             fwd_ms=fwd, fwd_bwd_ms=fwd_bwd))
+            print(f"timing {what:10s} gate={rows[-1]['gate']:4s} fwd {fwd:9.3f} ms  fwd+bwd {fwd_bwd:9.3f} ms",
+                  flush=True)
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="directory for gpu_validation.json / .csv")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check of the script)")
+    parser.add_argument("--no-timing", action="store_true")
+    args = parser.parse_args(argv)
+    import triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    varlen = SMOKE_VARLEN if args.smoke else VARLEN
+    cases = [(s, None) for s in shapes] + [((1, cu[-1], H, D), cu) for cu, H, D in varlen]
+    rows = []
+    for dtype in (torch.bfloat16, torch.float16):
+        for gate in (False, True):
+            for shape, cu in cases:
+                t = time.perf_counter()
+                new = validate(shape, dtype, gate, cu, device)
+                rows += new
+                worst = max(new, key=lambda r: r["rel_rmse"] / r["threshold"])
+                print(f"{str(shape):22s} varlen={cu is not None!s:5s} {str(dtype):15s} gate={int(gate)}  "
+                      f"worst {worst['name']:6s} {worst['rel_rmse']:.2e} (≤ {worst['threshold']})  "
+                      f"{'ok' if all(r['ok'] for r in new) else 'FAIL'}  {time.perf_counter() - t:.1f}s",
+                      flush=True)
+    timing_rows = [] if args.no_timing else timings(SMOKE_TIMING_SHAPE if args.smoke else TIMING_SHAPE, device)
+
+    result = dict(
+        date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        gpu=torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
+        torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version(),
+        interpreter=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke,
+        thresholds=dict(output=OUTPUT_THRESHOLD, gradient=GRAD_THRESHOLD), options=OPTIONS,
+        all_ok=all(r["ok"] for r in rows), rows=rows, timings=timing_rows,
+    )
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "gpu_validation.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    with open(os.path.join(args.out, "gpu_validation.csv"), "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"{sum(r['ok'] for r in rows)}/{len(rows)} rows within thresholds; wrote {args.out}/gpu_validation.json")
+    return 0 if result["all_ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

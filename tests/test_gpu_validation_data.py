@@ -1,0 +1,54 @@
+"""The committed H200 validation of osdn_fast (book/data/gpu_validation.json, written by
+benchmarks/validate_gpu.py) must show every row under its threshold, with full coverage: a regression on the
+GPU cannot hide behind a CPU-only CI. The file is required: a missing file fails, it does not skip."""
+import json
+from pathlib import Path
+
+import pytest
+
+DATA = Path(__file__).resolve().parents[1] / "book" / "data" / "gpu_validation.json"
+NAMES = {"o", "S", "d", "dq", "dk", "dv", "dbeta", "dS0", "dd0"}
+
+
+@pytest.fixture(scope="module")
+def result():
+    assert DATA.exists(), f"{DATA} is missing: run benchmarks/validate_gpu.py --out DIR on the GPU and commit it"
+    return json.loads(DATA.read_text())
+
+
+def test_provenance(result):
+    """A real GPU run (not the CPU smoke run), with the date and the versions recorded."""
+    assert not result["smoke"] and not result["interpreter"]
+    assert "H200" in result["gpu"]
+    for key in ("date", "torch", "triton", "cuda"):
+        assert result[key], key
+    assert result["thresholds"] == {"output": 0.006, "gradient": 0.008}
+
+
+def test_every_row_under_threshold(result):
+    bad = [r for r in result["rows"] if not r["rel_rmse"] <= r["threshold"]]
+    assert not bad, "\n".join(f"{r['B'], r['T'], r['H'], r['D']} {r['dtype']} gate={r['gate']} varlen={r['varlen']} "
+                              f"{r['name']}: {r['rel_rmse']:.2e} > {r['threshold']}" for r in bad)
+    for r in result["rows"]:
+        expected = 0.006 if r["name"] in ("o", "S", "d") else 0.008
+        assert r["threshold"] == expected, r
+
+
+def test_coverage(result):
+    """bfloat16 and float16, no gate and GDN, fla's four shapes and packed sequences, forward and every gradient."""
+    rows = result["rows"]
+    shapes = {(r["B"], r["T"], r["H"], r["D"]) for r in rows if not r["varlen"]}
+    assert {(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64)} <= shapes
+    for dtype in ("bfloat16", "float16"):
+        for gate in ("none", "gdn"):
+            for varlen in (False, True):
+                names = {r["name"] for r in rows if (r["dtype"], r["gate"], r["varlen"]) == (dtype, gate, varlen)}
+                assert NAMES <= names, (dtype, gate, varlen, NAMES - names)
+                if gate == "gdn":
+                    assert "dg" in names, (dtype, varlen)
+
+
+def test_timings_recorded(result):
+    """First forward and forward+backward timings at (4, 4096, 16, 128) bfloat16."""
+    t = [r for r in result["timings"] if (r["B"], r["T"], r["H"], r["D"]) == (4, 4096, 16, 128)]
+    assert t and all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in t)
