@@ -4,20 +4,18 @@ GPU cannot hide behind a CPU-only CI. The file is required: a missing file fails
 import json
 from pathlib import Path
 
-import pytest
-
 DATA = Path(__file__).resolve().parents[1] / "book" / "data" / "gpu_validation.json"
 NAMES = {"o", "S", "d", "dq", "dk", "dv", "dbeta", "dS0", "dd0"}
 
 
-@pytest.fixture(scope="module")
-def result():
+def load() -> dict:
     assert DATA.exists(), f"{DATA} is missing: run benchmarks/validate_gpu.py --out DIR on the GPU and commit it"
     return json.loads(DATA.read_text())
 
 
-def test_provenance(result):
+def test_provenance():
     """A real GPU run (not the CPU smoke run), with the date and the versions recorded."""
+    result = load()
     assert not result["smoke"] and not result["interpreter"]
     assert "H200" in result["gpu"]
     for key in ("date", "torch", "triton", "cuda"):
@@ -25,7 +23,8 @@ def test_provenance(result):
     assert result["thresholds"] == {"output": 0.006, "gradient": 0.008}
 
 
-def test_every_row_under_threshold(result):
+def test_every_row_under_threshold():
+    result = load()
     bad = [r for r in result["rows"] if not r["rel_rmse"] <= r["threshold"]]
     assert not bad, "\n".join(f"{r['B'], r['T'], r['H'], r['D']} {r['dtype']} gate={r['gate']} varlen={r['varlen']} "
                               f"{r['name']}: {r['rel_rmse']:.2e} > {r['threshold']}" for r in bad)
@@ -34,9 +33,9 @@ def test_every_row_under_threshold(result):
         assert r["threshold"] == expected, r
 
 
-def test_coverage(result):
+def test_coverage():
     """bfloat16 and float16, no gate and GDN, fla's four shapes and packed sequences, forward and every gradient."""
-    rows = result["rows"]
+    rows = load()["rows"]
     shapes = {(r["B"], r["T"], r["H"], r["D"]) for r in rows if not r["varlen"]}
     assert {(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64)} <= shapes
     for dtype in ("bfloat16", "float16"):
@@ -48,7 +47,7 @@ def test_coverage(result):
                     assert "dg" in names, (dtype, varlen)
 
 
-def test_timings_recorded(result):
+def test_timings_recorded():
     """First forward and forward+backward timings at (4, 4096, 16, 128) bfloat16."""
-    t = [r for r in result["timings"] if (r["B"], r["T"], r["H"], r["D"]) == (4, 4096, 16, 128)]
+    t = [r for r in load()["timings"] if (r["B"], r["T"], r["H"], r["D"]) == (4, 4096, 16, 128)]
     assert t and all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in t)
