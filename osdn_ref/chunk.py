@@ -87,6 +87,24 @@ def chunk_output(q, k_tilde, U_bar, S_entering, G, scale):
     return scale * ((q * G.exp()) @ S_entering + decayed_gram(q, k_tilde, G, diagonal=0) @ U_bar)
 
 
+def memory_pass(q, k, k_tilde, v, beta, *, g=None, scale, S0, chunk_size):
+    """Phase 2: the WY chunkwise memory pass with read key k and write key k̃ (all [B, T, H, ·]).
+
+    Returns (o [B, T, H, V], S_T [B, H, K, V]); g is None, [B, T, H] (GDN) or [B, T, H, K] (KDA).
+    """
+    B, T, H, V = v.shape
+    if g is None:
+        g = q.new_zeros(B, T, H, 1)
+    elif g.dim() == 3:
+        g = g.unsqueeze(-1)
+    G = to_chunks(g.to(q.dtype), chunk_size).cumsum(-2)  # [B, H, NC, C, 1 | K]
+    qc, kc, ktc, vc = (to_chunks(x, chunk_size) for x in (q, k, k_tilde, v))
+    W, U = wy_representation(kc, ktc, vc, to_chunks(beta, chunk_size), G)
+    S_entering, U_bar, S_final = state_pass(W, U, ktc, G, S0)
+    o = chunk_output(qc, ktc, U_bar, S_entering, G, scale)  # [B, H, NC, C, V]
+    return o.reshape(B, H, -1, V)[:, :, :T].movedim(2, 1), S_final
+
+
 def chunk_osdn(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -127,16 +145,6 @@ def chunk_osdn(
     phase1 = preconditioner_scan(k, beta, eta=eta, r=r, d0=d0, d_min=d_min, d_max=d_max,
                                  beta_aware=beta_aware, normalize=normalize)
 
-    if g is None:
-        g = torch.zeros(B, T, H, 1, dtype=dt, device=q.device)
-    elif g.dim() == 3:
-        g = g.unsqueeze(-1)
-    G = to_chunks(g.to(dt), chunk_size).cumsum(-2)  # [B, H, NC, C, 1 | K]
-    qc, kc, ktc, vc = (to_chunks(x, chunk_size) for x in (q, k, phase1.k_tilde, v))
-    bc = to_chunks(beta, chunk_size)
-
-    W, U = wy_representation(kc, ktc, vc, bc, G)
-    S_entering, U_bar, S_final = state_pass(W, U, ktc, G, S0)
-    o = chunk_output(qc, ktc, U_bar, S_entering, G, scale)  # [B, H, NC, C, V]
-    o = o.reshape(B, H, -1, V)[:, :, :T].movedim(2, 1).to(in_dtype)
+    o, S_final = memory_pass(q, k, phase1.k_tilde, v, beta, g=g, scale=scale, S0=S0, chunk_size=chunk_size)
+    o = o.to(in_dtype)
     return o, ((S_final, phase1.d_final) if output_final_state else None)
