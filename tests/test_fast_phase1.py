@@ -85,9 +85,17 @@ def reference(x, p):
     return torch.cat(ds, 1), torch.cat(finals)
 
 
+def fenced(x: torch.Tensor, pad: int = 8192) -> torch.Tensor:
+    """A contiguous copy of x inside NaN-filled storage: a kernel reading out of bounds returns NaN."""
+    storage = torch.full((x.numel() + 2 * pad,), float("nan"), dtype=x.dtype, device=x.device)
+    inner = storage[pad : pad + x.numel()].view(x.shape)
+    inner.copy_(x)
+    return inner
+
+
 def fast(x, p, chunked):
-    """osdn_fast on the device: k, β in the problem's dtype; r, d_0, η in float32."""
-    conv = lambda t, dt=torch.float32: t.detach().to(DEVICE, dt).requires_grad_()  # noqa: E731
+    """osdn_fast on the device: k, β in the problem's dtype; r, d_0, η in float32 (all fenced by NaNs)."""
+    conv = lambda t, dt=torch.float32: fenced(t.detach().to(DEVICE, dt)).requires_grad_()  # noqa: E731
     y = dict(
         k=conv(x["k"], p["dtype"]), beta=conv(x["beta"], p["dtype"]),
         r=None if x["r"] is None else conv(x["r"]), d0=None if x["d0"] is None else conv(x["d0"]),

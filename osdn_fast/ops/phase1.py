@@ -37,18 +37,29 @@ def _seq_bounds(cu_seqlens, n, T, IS_VARLEN: tl.constexpr):
 
 
 @triton.jit
-def _gains(eta_h, beta, idx, s, a, eps, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr):
-    """b = β_t or 1, ν = 1/n_t; returns (w = η b (1 − b s) ν, c = η b² ν, b, ν). Shared by both passes
-    so that the backward recomputes z_t (and the clip mask) with exactly the forward's arithmetic."""
-    if BETA_AWARE:
-        b = tl.load(beta + idx).to(tl.float32)
-    else:
-        b = 1.0
+def _gains(eta_h, b, s, a, eps, NORMALIZE: tl.constexpr):
+    """ν = 1/n_t; returns (w = η b (1 − b s) ν, c = η b² ν, ν). Shared by both passes so that the backward
+    recomputes z_t (and the clip mask) with exactly the forward's arithmetic."""
     if NORMALIZE:
         nu = 1.0 / (tl.sum(a, axis=0) + eps)
     else:
         nu = 1.0
-    return eta_h * b * (1.0 - b * s) * nu, eta_h * b * b * nu, b, nu
+    return eta_h * b * (1.0 - b * s) * nu, eta_h * b * b * nu, nu
+
+
+@triton.jit
+def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr):
+    """k_t (input dtype), b_t and r_t (float32; 1 where absent) of token t, or zeros when not ok."""
+    kt = tl.load(k + (t * H + h) * K + offs, mask=offs < tl.where(ok, K, 0), other=0.0)
+    if BETA_AWARE:
+        b = tl.load(beta + t * H + h, mask=ok, other=0.0).to(tl.float32)
+    else:
+        b = 1.0
+    if HAS_R:
+        rt = tl.load(r + t * H + h, mask=ok, other=1.0).to(tl.float32)
+    else:
+        rt = 1.0
+    return kt, b, rt
 
 
 @triton.jit
@@ -58,7 +69,8 @@ def phase1_fwd_seq_kernel(
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
 ):
-    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token."""
+    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token; the next
+    token's inputs are loaded one step ahead so their latency hides behind the current step."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -69,16 +81,15 @@ def phase1_fwd_seq_kernel(
     else:
         d = tl.where(mask, 1.0, 0.0)
     eta_h = tl.load(eta + h).to(tl.float32)
+    kn, bn, rn = _load_token(k, beta, r, bos, bos < eos, h, H, K, offs, HAS_R, BETA_AWARE)
     for t in range(bos, eos):
-        row = (t * H + h) * K
-        kt = tl.load(k + row + offs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(d_all + row + offs, d, mask=mask)
+        kt, b, rt = kn, bn, rn
+        kn, bn, rn = _load_token(k, beta, r, t + 1, t + 1 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
+        tl.store(d_all + (t * H + h) * K + offs, d, mask=mask)
+        kt = kt.to(tl.float32)
         a = kt * kt
-        w, _, _, _ = _gains(eta_h, beta, t * H + h, tl.sum(d * a, axis=0), a, eps, BETA_AWARE, NORMALIZE)
-        if HAS_R:
-            d = tl.load(r + t * H + h).to(tl.float32) * d + w * a
-        else:
-            d = d + w * a
+        w, _, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
+        d = rt * d + w * a
         if HAS_MIN:
             d = tl.maximum(d, d_min)
         if HAS_MAX:
@@ -95,7 +106,8 @@ def phase1_bwd_seq_kernel(
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, HAS_GD_FINAL: tl.constexpr,
     IS_VARLEN: tl.constexpr, BK: tl.constexpr,
 ):
-    """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η."""
+    """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
+    Inputs of token t − 1 are loaded one step ahead."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -107,19 +119,22 @@ def phase1_bwd_seq_kernel(
         lam = tl.zeros([BK], dtype=tl.float32)
     eta_h = tl.load(eta + h).to(tl.float32)
     deta_acc = eta_h * 0.0
+    ok = eos > bos
+    kn, bn, rn = _load_token(k, beta, r, eos - 1, ok, h, H, K, offs, HAS_R, BETA_AWARE)
+    dn = tl.load(d_all + ((eos - 1) * H + h) * K + offs, mask=offs < tl.where(ok, K, 0), other=0.0)
     for i in range(0, eos - bos):
         t = eos - 1 - i
-        row = (t * H + h) * K
-        kt = tl.load(k + row + offs, mask=mask, other=0.0).to(tl.float32)
-        d = tl.load(d_all + row + offs, mask=mask, other=0.0)
+        kt, b, rt, d = kn, bn, rn, dn
+        ok = t > bos
+        kn, bn, rn = _load_token(k, beta, r, t - 1, ok, h, H, K, offs, HAS_R, BETA_AWARE)
+        dn = tl.load(d_all + ((t - 1) * H + h) * K + offs, mask=offs < tl.where(ok, K, 0), other=0.0)
+        if HAS_GD_ALL:
+            gd = tl.load(gd_all + (t * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+        kt = kt.to(tl.float32)
         a = kt * kt
         s = tl.sum(d * a, axis=0)
-        w, c, b, nu = _gains(eta_h, beta, t * H + h, s, a, eps, BETA_AWARE, NORMALIZE)
-        if HAS_R:
-            rt = tl.load(r + t * H + h).to(tl.float32)
-            z = rt * d + w * a
-        else:
-            z = d + w * a
+        w, c, nu = _gains(eta_h, b, s, a, eps, NORMALIZE)
+        z = rt * d + w * a
         keep = mask
         if HAS_MIN:
             keep = keep & (z >= d_min)
@@ -131,23 +146,27 @@ def phase1_bwd_seq_kernel(
         da = w * dz + gs * d
         if NORMALIZE:
             da = da - w * p * nu
-        tl.store(dk + row + offs, 2.0 * kt * da, mask=mask)
+        tl.store(dk + (t * H + h) * K + offs, 2.0 * kt * da, mask=mask)
         deta_acc += p * b * (1.0 - b * s) * nu
         if BETA_AWARE:
             tl.store(dbeta + t * H + h, p * eta_h * (1.0 - 2.0 * b * s) * nu)
         if HAS_R:
             tl.store(dr + t * H + h, tl.sum(dz * d, axis=0))
-            lam = rt * dz + gs * a
-        else:
-            lam = dz + gs * a
+        lam = rt * dz + gs * a
         if HAS_GD_ALL:
-            lam += tl.load(gd_all + row + offs, mask=mask, other=0.0).to(tl.float32)
+            lam += gd
     tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
     tl.store(deta + n * H + h, deta_acc)
 
 
 def _block_k(K: int) -> int:
     return max(16, triton.next_power_of_2(K))
+
+
+def _seq_warps(BK: int) -> int:
+    """One warp per (sequence, head) up to K = 128: the two reductions per token stay within a warp
+    (shuffles, no shared memory or barrier), which is what bounds a latency-bound token loop."""
+    return 1 if BK <= 128 else 2
 
 
 def _flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K):
@@ -168,6 +187,7 @@ def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, 
         cu_seqlens if cu_seqlens is not None else d_final,
         T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
         HAS_D0=d0 is not None, **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K),
+        num_warps=_seq_warps(_block_k(K)),
     )
     return d_all, d_final
 
@@ -189,7 +209,7 @@ def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, be
         dk, dbeta, dr if dr is not None else dbeta, dd0, deta,
         T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
         HAS_GD_ALL=gd_all is not None, HAS_GD_FINAL=gd_final is not None,
-        **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K),
+        **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K), num_warps=_seq_warps(_block_k(K)),
     )
     return dk, dbeta, dr, dd0, deta
 

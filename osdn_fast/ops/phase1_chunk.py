@@ -28,34 +28,47 @@ from .phase1 import _block_k, _seq_bounds
 
 
 @triton.jit
-def _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
-                  HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
-                  C: tl.constexpr, BK: tl.constexpr):
-    """Load one chunk: k, a = k² [C, BK]; b, ν, c, e, γ (exclusive) and γ̄ (inclusive log-decay sums) [C].
-    Padding rows (t ≥ eos) get a = c = e = log r = 0: identity steps."""
-    it = tl.arange(0, C)
-    offs = tl.arange(0, BK)
-    t = cs + it
+def _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
+                C: tl.constexpr, BK: tl.constexpr):
+    """Raw inputs of the chunk starting at token cs: k [C, BK] (input dtype), b and log r [C] (float32).
+    Padding rows (t ≥ eos) get k = 0, b = 0 and log r = 0: identity steps."""
+    t = cs + tl.arange(0, C)
     valid = t < eos
-    kt = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=valid[:, None] & (offs[None, :] < K),
-                 other=0.0).to(tl.float32)
-    a = kt * kt
+    offs = tl.arange(0, BK)
+    kt = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=valid[:, None] & (offs[None, :] < K), other=0.0)
     if BETA_AWARE:
         b = tl.load(beta + t * H + h, mask=valid, other=0.0).to(tl.float32)
     else:
         b = tl.where(valid, 1.0, 0.0)
+    if HAS_R:
+        lr = tl.log(tl.load(r + t * H + h, mask=valid, other=1.0).to(tl.float32))
+    else:
+        lr = tl.zeros([C], dtype=tl.float32)
+    return t, valid, kt, b, lr
+
+
+@triton.jit
+def _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE: tl.constexpr):
+    """k, a = k² [C, BK] (float32); ν, c = η b² ν, e = η b ν, γ (exclusive) and γ̄ (inclusive log-decay sums)."""
+    kt = kt.to(tl.float32)
+    a = kt * kt
     if NORMALIZE:
         nu = 1.0 / (tl.sum(a, axis=1) + eps)
     else:
         nu = tl.where(valid, 1.0, 0.0)
     e = eta_h * b * nu
-    c = e * b
-    if HAS_R:
-        lr = tl.log(tl.load(r + t * H + h, mask=valid, other=1.0).to(tl.float32))
-    else:
-        lr = tl.zeros([C], dtype=tl.float32)
     g_incl = tl.cumsum(lr, axis=0)
-    return t, valid, kt, a, b, nu, c, e, g_incl - lr, g_incl
+    return kt, a, nu, e * b, e, g_incl - lr, g_incl
+
+
+@triton.jit
+def _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
+                  HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+                  C: tl.constexpr, BK: tl.constexpr):
+    """`_chunk_load` then `_chunk_gains`: t, valid, k, a, b, ν, c, e, γ, γ̄."""
+    t, valid, kt, b, lr = _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
+    kt, a, nu, c, e, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
+    return t, valid, kt, a, b, nu, c, e, g, g_incl
 
 
 @triton.jit
@@ -137,14 +150,19 @@ def phase1_chunk_state_kernel(
     else:
         x = tl.where(mask, 1.0, 0.0)
     eta_h = tl.load(eta + h).to(tl.float32)
-    for ci in range(c_first, c_last):
-        cs = bos + (ci - c_first) * C
+    cc = rows[:, None] * C + rows[None, :]
+    tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
+    tqn = tl.load(tq + (c_first * H + h) * C * C + cc)
+    u0n = tl.load(u0 + tn * H + h, mask=vn, other=0.0)
+    for ci in range(c_first, c_last):  # the next chunk's inputs are loaded one step ahead
+        t, valid, kt, b, lr, tq_c, u0_c = tn, vn, kn, bn, lrn, tqn, u0n
+        tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos + (ci + 1 - c_first) * C, eos, h, H, K,
+                                          HAS_R, BETA_AWARE, C, BK)
+        tqn = tl.load(tq + ((ci + 1) * H + h) * C * C + cc, mask=cc < tl.where(ci + 1 < c_last, C * C, 0), other=0.0)
+        u0n = tl.load(u0 + tn * H + h, mask=vn, other=0.0)
         tl.store(x0 + (ci * H + h) * K + offs, x, mask=mask)
-        t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
-                                                     HAS_R, BETA_AWARE, NORMALIZE, C, BK)
-        tq_c = tl.load(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :])
-        p = tl.sum(a * x[None, :], axis=1)
-        uc = tl.load(u0 + t * H + h, mask=valid, other=0.0) - tl.sum(tq_c * p[None, :], axis=1)
+        _, a, _, _, _, _, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
+        uc = u0_c - tl.sum(tq_c * tl.sum(a * x[None, :], axis=1)[None, :], axis=1)
         tl.store(u + t * H + h, uc, mask=valid)
         g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
         x = tl.exp(g_end) * x + tl.sum((tl.exp(g_end - g_incl) * uc)[:, None] * a, axis=0)
@@ -235,17 +253,26 @@ def phase1_chunk_bwd_state_kernel(
     else:
         lam = tl.zeros([BK], dtype=tl.float32)
     eta_h = tl.load(eta + h).to(tl.float32)
-    for j in range(0, c_last - c_first):
-        ci = c_last - 1 - j
-        cs = bos + (ci - c_first) * C
+    cc = rows[:, None] * C + rows[None, :]
+    cl = c_last - 1
+    tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos + (cl - c_first) * C, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
+    tpn = tl.load(tp + (cl * H + h) * C * C + cc)
+    pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
+    hgn = tl.load(hg + (cl * H + h) * K + offs, mask=mask, other=0.0)
+    for j in range(0, c_last - c_first):  # chunks in reverse; the previous chunk's inputs are loaded one step ahead
+        ci = cl - j
+        t, valid, kt, b, lr, tp_c, pg_c, hg_c = tn, vn, kn, bn, lrn, tpn, pgn, hgn
+        more = ci > c_first
+        tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, tl.where(more, bos + (ci - 1 - c_first) * C, eos), eos, h, H, K,
+                                          HAS_R, BETA_AWARE, C, BK)
+        tpn = tl.load(tp + ((ci - 1) * H + h) * C * C + cc, mask=cc < tl.where(more, C * C, 0), other=0.0)
+        pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
+        hgn = tl.load(hg + ((ci - 1) * H + h) * K + offs, mask=offs < tl.where(more, K, 0), other=0.0)
         tl.store(lam_end + (ci * H + h) * K + offs, lam, mask=mask)
-        t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
-                                                              HAS_R, BETA_AWARE, NORMALIZE, C, BK)
-        tp_c = tl.load(tp + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :])
-        pc = tl.load(pg + t * H + h, mask=valid, other=0.0) + tl.sum(tp_c * tl.sum(a * lam[None, :], axis=1)[None, :], axis=1)
+        _, a, _, c, _, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
+        pc = pg_c + tl.sum(tp_c * tl.sum(a * lam[None, :], axis=1)[None, :], axis=1)
         tl.store(p + t * H + h, pc, mask=valid)
         g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-        hg_c = tl.load(hg + (ci * H + h) * K + offs, mask=mask, other=0.0)
         lam = tl.exp(g_end) * lam + hg_c - tl.sum((tl.exp(g) * c * pc)[:, None] * a, axis=0)
     tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
 
