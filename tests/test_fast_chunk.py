@@ -71,7 +71,7 @@ def as_tensors(p):
     return tensors, options
 
 
-@settings(max_examples=12)
+@settings(max_examples=20)
 @given(p=problems(dtypes=(torch.float64,), T=st.sampled_from([1, 5, 16, 33, 64, 70]), gates=("none", "gdn"),
                   K=st.sampled_from([1, 3, 16, 20]), V=st.sampled_from([2, 5, 16, 17])),
        chunk_size=st.sampled_from([16, 32, 64]))
@@ -81,7 +81,7 @@ def test_matches_reference(p, chunk_size):
     compare(*as_tensors(p), chunk_size)
 
 
-@settings(max_examples=8)
+@settings(max_examples=10)
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4), gate=st.booleans(), states=st.booleans(),
        K=st.sampled_from([4, 16, 20]), V=st.sampled_from([3, 16]), seed=st.integers(0, 2**31 - 1))
 def test_varlen_matches_reference(lengths, gate, states, K, V, seed):

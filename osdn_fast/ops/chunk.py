@@ -13,13 +13,13 @@ import os
 
 import torch
 
-import osdn_ref
 from osdn_ref import validate_inputs
 
 from .common import block_dims
 from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
+from .phase1 import preconditioner_scan
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -27,25 +27,6 @@ MAX_K = 256
 MAX_V = 256
 CHUNK_SIZES = (16, 32, 64)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-
-
-def preconditioner_scan(k, beta, *, eta, r=None, d0=None, d_min=None, d_max=None, beta_aware=True,
-                        normalize=True, cu_seqlens=None):
-    """Phase 1 → (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
-
-    Stand-in: osdn_ref's token loop (once per packed sequence) until the Triton scan of ops/phase1.py lands.
-    """
-    f32 = lambda x: None if x is None else x.float()  # noqa: E731
-    options = dict(eta=eta, d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize)
-    if cu_seqlens is None:
-        res = osdn_ref.preconditioner_scan(k.float(), beta.float(), r=f32(r), d0=f32(d0), **options)
-        return res.d, res.d_final
-    bounds = cu_seqlens.tolist()
-    parts = [osdn_ref.preconditioner_scan(k[:, a:b].float(), beta[:, a:b].float(),
-                                          r=None if r is None else r[:, a:b].float(),
-                                          d0=None if d0 is None else d0[n:n + 1].float(), **options)
-             for n, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
-    return torch.cat([p.d for p in parts], dim=1), torch.cat([p.d_final for p in parts])
 
 
 class ChunkOSDNPhase2(torch.autograd.Function):
@@ -117,6 +98,8 @@ def chunk_osdn(q, k, v, beta, *, eta, g=None, r=None, scale=None, initial_state=
     scale = K**-0.5 if scale is None else float(scale)
     S0, d0 = initial_state if initial_state is not None else (None, None)
 
+    if isinstance(eta, torch.Tensor):
+        eta = eta.reshape(-1).expand(H)
     d_all, d_final = preconditioner_scan(k, beta, eta=eta, r=r, d0=d0, d_min=d_min, d_max=d_max,
                                          beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
     kt = d_all * k.float()
