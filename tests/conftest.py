@@ -16,7 +16,7 @@ from hypothesis import HealthCheck, settings  # noqa: E402
 
 settings.register_profile(
     "ci",
-    max_examples=25,
+    max_examples=100,
     deadline=None,
     derandomize=True,
     database=None,

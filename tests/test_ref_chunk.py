@@ -13,8 +13,8 @@ from osdn_ref import chunk_osdn, recurrent_osdn, rel_err
 from strategies import examples, problems
 
 F64_TOL = 1e-10
-# float32: states and accumulations in float32 over up to 300 tokens; observed errors stay below ~1e-5.
-F32_TOL = 1e-4
+# float32: states and accumulations in float32 over up to 300 tokens; the worst of 400 random problems was 1.7e-6.
+F32_TOL = 2e-5
 TOL = {torch.float64: F64_TOL, torch.float32: F32_TOL}
 OPS = {"recurrent": recurrent_osdn, "chunk": chunk_osdn}
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from osdn_ref import chunk_osdn, recurrent_osdn, rel_err
 from strategies import chunk_sizes, problems
 
-TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
+TOL = {torch.float64: 1e-10, torch.float32: 2e-5}  # float32: the tolerance of test_ref_chunk
 
 
 def plain_delta_rule(q, k, v, beta, g=None, scale=None, S0=None):
