@@ -5,10 +5,11 @@ GPU run (the numbers issue 6 asks for):
 Script check on the CPU (tiny shapes, Triton interpreter, wall-clock medians):
     python benchmarks/bench_phase1.py --smoke --out /tmp/phase1_smoke.json
 
-Rows: shape (B, T, H, K), variant (seq, seq+clip, chunk<C> per --chunk-sizes; each without and with the APF
-gate r), median
-milliseconds (triton.testing.do_bench on CUDA), microseconds per token of one sequence, and the chunked forward's
-relative error against the sequential one as a sanity check.
+Rows: shape (B, T, H, K) and variant: seq, seq+clip, and chunk<C>-<solver>-<precision> for every chunk size,
+solver and tl.dot precision asked for; each without and with the APF gate r (+apf). Per row: median milliseconds
+(triton.testing.do_bench on CUDA) forward and forward+backward, microseconds per token of one sequence, and, for
+the unclipped variants, the relative error of d and of dk against the sequential scan. A configuration that fails
+(e.g. a precision this Triton does not support) is reported with its error instead of stopping the run.
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import triton.testing  # noqa: E402
 
 import osdn_ref  # noqa: E402
 from osdn_fast.ops.phase1 import preconditioner_scan  # noqa: E402
+from osdn_fast.ops.phase1_chunk import SOLVERS  # noqa: E402
 
 SHAPES = [(1, 16384, 16, 128), (4, 4096, 16, 128), (8, 2048, 16, 128)]
 SMOKE_SHAPES = [(1, 40, 2, 20), (2, 17, 1, 8)]
@@ -61,45 +63,54 @@ def make_inputs(B, T, H, K, dtype, device, apf: bool):
     return dict(k=k, beta=beta, r=r, d0=d0, eta=eta), leaves
 
 
-def variants(chunk_sizes):
-    """(name, chunk size or 0 for the sequential scan, clip or None)."""
-    return [("seq", 0, None), ("seq+clip", 0, (2 / 3, 1.5))] + [(f"chunk{c}", c, None) for c in chunk_sizes]
+def variants(chunk_sizes, solvers, precisions):
+    """(name, scan options): the sequential scan without and with the clip, then every chunk configuration."""
+    out = [("seq", dict(chunked=False)), ("seq+clip", dict(chunked=False, d_min=2 / 3, d_max=1.5))]
+    for c in chunk_sizes:
+        for solver in solvers:
+            for prec in precisions:
+                out.append((f"chunk{c}-{solver}-{prec}",
+                            dict(chunked=True, chunk_size=c, solver=solver, dot_precision=prec)))
+    return out
 
 
-def bench_shape(shape, dtype, device, chunk_sizes, cuda):
+def bench_shape(shape, dtype, device, configs, cuda):
     B, T, H, K = shape
     rows = []
     for apf in (False, True):
         x, leaves = make_inputs(B, T, H, K, dtype, device, apf)
         gd_all = torch.randn(B, T, H, K, device=device)
         gd_final = torch.randn(B, H, K, device=device)
-        reference = None
-        for name, chunk_size, clip in variants(chunk_sizes):
-            d_min, d_max = clip if clip else (None, None)
+        reference = None  # the unclipped sequential scan: d_all and dk
+        for name, options in configs:
 
-            def forward():
-                return preconditioner_scan(
-                    x["k"], x["beta"], eta=x["eta"], r=x["r"], d0=x["d0"], d_min=d_min, d_max=d_max,
-                    chunked=chunk_size > 0, chunk_size=chunk_size or 64,
-                )
+            def forward(options=options):
+                return preconditioner_scan(x["k"], x["beta"], eta=x["eta"], r=x["r"], d0=x["d0"], **options)
 
-            def forward_backward():
+            def forward_backward(forward=forward):
                 d_all, d_final = forward()
                 torch.autograd.backward([d_all, d_final], [gd_all, gd_final])
 
-            with torch.no_grad():
+            row = dict(B=B, T=T, H=H, K=K, dtype=str(dtype).removeprefix("torch."),
+                       variant=name + ("+apf" if apf else ""), chunk_size=options.get("chunk_size"))
+            try:
                 d_all, _ = forward()
-            if clip is None:
-                reference = d_all if reference is None else reference
-            fwd = median_ms(lambda: forward(), None, cuda)
-            fwd_bwd = median_ms(forward_backward, leaves, cuda)
-            rows.append(dict(
-                B=B, T=T, H=H, K=K, dtype=str(dtype).removeprefix("torch."), variant=name + ("+apf" if apf else ""),
-                chunk_size=chunk_size or None, fwd_ms=round(fwd, 4), fwd_bwd_ms=round(fwd_bwd, 4),
-                fwd_us_per_token=round(1e3 * fwd / T, 5), fwd_bwd_us_per_token=round(1e3 * fwd_bwd / T, 5),
-                rel_err_vs_seq=None if clip else osdn_ref.rel_err(d_all, reference),
-            ))
-            print(json.dumps(rows[-1]), flush=True)
+                for leaf in leaves:
+                    leaf.grad = None
+                forward_backward()
+                dk = x["k"].grad.float().clone()
+                if "d_min" not in options:
+                    reference = (d_all.detach(), dk) if reference is None else reference
+                    row.update(rel_err_d_vs_seq=osdn_ref.rel_err(d_all, reference[0]),
+                               rel_err_dk_vs_seq=osdn_ref.rel_err(dk, reference[1]))
+                fwd = median_ms(forward, None, cuda)
+                fwd_bwd = median_ms(forward_backward, leaves, cuda)
+                row.update(fwd_ms=round(fwd, 4), fwd_bwd_ms=round(fwd_bwd, 4), fwd_us_per_token=round(1e3 * fwd / T, 5),
+                           fwd_bwd_us_per_token=round(1e3 * fwd_bwd / T, 5))
+            except Exception as error:  # a configuration that does not compile here is reported, not fatal
+                row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
     return rows
 
 
@@ -109,13 +120,16 @@ def main():
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     parser.add_argument("--chunk-sizes", default="32,64", help="comma-separated chunk sizes (powers of two >= 16)")
+    parser.add_argument("--solvers", default=",".join(SOLVERS), help="comma-separated chunk solvers")
+    parser.add_argument("--precisions", default="ieee,tf32x3", help="comma-separated tl.dot input precisions")
     args = parser.parse_args()
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
     dtype = getattr(torch, args.dtype)
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     chunk_sizes = [16] if args.smoke else [int(c) for c in args.chunk_sizes.split(",")]
-    rows = [row for shape in shapes for row in bench_shape(shape, dtype, device, chunk_sizes, cuda)]
+    configs = variants(chunk_sizes, args.solvers.split(","), args.precisions.split(","))
+    rows = [row for shape in shapes for row in bench_shape(shape, dtype, device, configs, cuda)]
     result = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or platform.machine()}), interpreter",

@@ -15,6 +15,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import osdn_ref  # noqa: E402
 from osdn_fast.ops.phase1 import preconditioner_scan  # noqa: E402
+from osdn_fast.ops.phase1_chunk import SOLVERS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FORWARD_TOL = 1e-5
@@ -45,6 +46,7 @@ def phase1_problems(draw, clip=None):
         zero_key=draw(st.booleans()),
         dtype=draw(st.sampled_from([torch.float32, torch.float32, torch.bfloat16])),
         chunk_size=draw(st.sampled_from([16, 32])),
+        solver=draw(st.sampled_from(SOLVERS)),
         seed=draw(st.integers(0, 2**31 - 1)),
     )
 
@@ -106,7 +108,7 @@ def fast(x, p, chunked):
         cu = torch.tensor([0] + p["lengths"], device=DEVICE).cumsum(0).to(torch.int32)
     d_all, d_final = preconditioner_scan(
         y["k"], y["beta"], eta=y["eta"], r=y["r"], d0=y["d0"], cu_seqlens=cu, chunked=chunked,
-        chunk_size=p["chunk_size"], **p["options"],
+        chunk_size=p["chunk_size"], solver=p["solver"], **p["options"],
     )
     return y, d_all, d_final
 
@@ -197,6 +199,12 @@ def test_clip_is_zero_gradient_on_clipped_coordinates():
     assert d_final[0, 0, 0].item() == pytest.approx(1.1)  # 1 + 0.5 (1 − 0.5) / (1 + ε) > 1.1: clipped
     d_final.sum().backward()
     assert d0.grad[0, 0].tolist() == [0.0, 1.0, 1.0]
+
+
+def test_chunk_size_must_be_a_power_of_two():
+    k = torch.randn(1, 4, 1, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="chunk_size"):
+        preconditioner_scan(k, torch.rand(1, 4, 1, device=DEVICE), eta=0.1, chunk_size=24)
 
 
 def test_chunked_refuses_the_clip():

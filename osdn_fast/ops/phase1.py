@@ -219,19 +219,20 @@ def _grad_like(grad, x):
 
 
 class Phase1Function(torch.autograd.Function):
-    """(k, β, r, d_0, η[H]) → (d_all, d_final); chunk_size 0 is the sequential scan, else the chunk form."""
+    """(k, β, r, d_0, η[H]) → (d_all, d_final); `chunk` None is the sequential scan, else the chunk form's
+    options (chunk_size, solver, precision), used by the forward and the backward alike."""
 
     @staticmethod
-    def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, chunk_size):
+    def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, chunk):
         opts = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
-        if chunk_size:
+        if chunk:
             from .phase1_chunk import phase1_fwd_chunk
 
-            d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, chunk_size=chunk_size)
+            d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, **chunk)
         else:
             d_all, d_final = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
         ctx.save_for_backward(k, beta, r, d0, eta, d_all, cu_seqlens)
-        ctx.opts, ctx.chunk_size = opts, chunk_size
+        ctx.opts, ctx.chunk = opts, chunk
         return d_all, d_final
 
     @staticmethod
@@ -240,10 +241,10 @@ class Phase1Function(torch.autograd.Function):
         opts = dict(ctx.opts, cu_seqlens=cu_seqlens)
         gd_all = None if gd_all is None else gd_all.contiguous()
         gd_final = None if gd_final is None else gd_final.contiguous()
-        if ctx.chunk_size:
+        if ctx.chunk:
             from .phase1_chunk import phase1_bwd_chunk
 
-            grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, chunk_size=ctx.chunk_size)
+            grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.chunk)
         else:
             grads = phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
         dk, dbeta, dr, dd0, deta = grads
@@ -267,13 +268,17 @@ def preconditioner_scan(
     cu_seqlens: torch.Tensor | None = None,
     chunked: bool | None = None,
     chunk_size: int = 64,
+    solver: str = "substitution",
+    dot_precision: str = "ieee",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
     with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=None` uses the chunk-parallel
     forward (chunks of `chunk_size`, a power of two ≥ 16) when there is no clip, the sequential scan
-    otherwise; the backward takes the same form as the forward. Inputs are assumed validated.
+    otherwise; the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
+    each chunk's (I + L)⁻¹; `dot_precision` is tl.dot's input_precision ("ieee"; "tf32x3" on GPUs, to be
+    measured). Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):
@@ -285,5 +290,6 @@ def preconditioner_scan(
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
     return Phase1Function.apply(
         k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
-        beta_aware, normalize, contig(cu_seqlens), chunk_size if chunked else 0,
+        beta_aware, normalize, contig(cu_seqlens),
+        dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked else None,
     )

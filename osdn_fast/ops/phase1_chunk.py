@@ -26,6 +26,8 @@ from osdn_ref import EPS
 
 from .phase1 import _block_k, _seq_bounds
 
+SOLVERS = ("substitution", "doubling")  # how each chunk's (I + L)⁻¹ is formed (see _unit_lower_inverse)
+
 
 @triton.jit
 def _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
@@ -72,36 +74,32 @@ def _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
 
 
 @triton.jit
-def _solve_unit_lower(L, x, u, C: tl.constexpr):
-    """Forward substitution: (I + L) [X | u] = [x | u] for strictly lower L [C, C]."""
+def _unit_lower_inverse(L, C: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr):
+    """P = (I + L)⁻¹ for strictly lower L [C, C]. Substitution: row i of P is e_i − Σ_{j<i} L_ij P_j (C − 1
+    dependent steps). Doubling: with N = −L nilpotent, P = (I + N)(I + N²)(I + N⁴)… (2 log₂C − 2 products)."""
     rows = tl.arange(0, C)
-    for i in range(1, C):
-        sel = rows == i
-        li = tl.sum(tl.where(sel[:, None], L, 0.0), axis=0)
-        x = tl.where(sel[:, None], x - tl.sum(li[:, None] * x, axis=0)[None, :], x)
-        u = tl.where(sel, u - tl.sum(li * u, axis=0), u)
-    return x, u
+    eye = tl.where(rows[:, None] == rows[None, :], 1.0, 0.0)
+    if DOUBLING:
+        n_pow = -L
+        p = eye + n_pow
+        for _ in range(1, LOG2_C):
+            n_pow = tl.dot(n_pow, n_pow, input_precision=PREC)
+            p = p + tl.dot(p, n_pow, input_precision=PREC)
+    else:
+        p = eye
+        for i in range(1, C):
+            sel = rows == i
+            li = tl.sum(tl.where(sel[:, None], L, 0.0), axis=0)
+            p = tl.where(sel[:, None], p - tl.sum(li[:, None] * p, axis=0)[None, :], p)
+    return p
 
 
 @triton.jit
-def _solve_unit_upper_t(L, x, u, C: tl.constexpr):
-    """Back substitution with the transpose: (I + Lᵀ) [X | u] = [x | u] for strictly lower L [C, C]."""
-    rows = tl.arange(0, C)
-    for j in range(1, C):
-        i = C - 1 - j
-        sel = rows == i
-        li = tl.sum(tl.where(sel[None, :], L, 0.0), axis=1)
-        x = tl.where(sel[:, None], x - tl.sum(li[:, None] * x, axis=0)[None, :], x)
-        u = tl.where(sel, u - tl.sum(li * u, axis=0), u)
-    return x, u
-
-
-@triton.jit
-def _gram_decay(a, c, g, g_incl, C: tl.constexpr):
+def _gram_decay(a, c, g, g_incl, C: tl.constexpr, PREC: tl.constexpr):
     """L_ij = c_i e^{γ_i − γ̄_j} ⟨a_i, a_j⟩ for j < i, else 0."""
     rows = tl.arange(0, C)
     lower = rows[:, None] > rows[None, :]
-    gram = tl.dot(a, tl.trans(a), input_precision="ieee")
+    gram = tl.dot(a, tl.trans(a), input_precision=PREC)
     decay = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0)
     return c[:, None] * decay * gram
 
@@ -111,9 +109,9 @@ def phase1_chunk_prep_kernel(
     k, beta, r, eta, chunk_seq, chunk_start, cu_seqlens, tq, u0,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    C: tl.constexpr, BK: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per chunk: L, then (I + L) [Tq | u⁰] = [diag(c e^γ) | e] by forward substitution."""
+    """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n = tl.load(chunk_seq + ci)
@@ -123,8 +121,9 @@ def phase1_chunk_prep_kernel(
     t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
                                                  HAS_R, BETA_AWARE, NORMALIZE, C, BK)
     rows = tl.arange(0, C)
-    L = _gram_decay(a, c, g, g_incl, C)
-    x, u = _solve_unit_lower(L, tl.where(rows[:, None] == rows[None, :], (c * tl.exp(g))[None, :], 0.0), e, C)
+    inv = _unit_lower_inverse(_gram_decay(a, c, g, g_incl, C, PREC), C, LOG2_C, DOUBLING, PREC)
+    x = inv * (c * tl.exp(g))[None, :]
+    u = tl.sum(inv * e[None, :], axis=1)
     tl.store(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(u0 + t * H + h, u, mask=valid)
 
@@ -173,7 +172,7 @@ def phase1_chunk_state_kernel(
 def phase1_chunk_out_kernel(
     k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all,
     T, H, K,
-    HAS_R: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+    HAS_R: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
 ):
     """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j."""
     ci = tl.program_id(0)
@@ -197,7 +196,7 @@ def phase1_chunk_out_kernel(
     lower = rows[:, None] > rows[None, :]
     m = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * uc[None, :]
     x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-    d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kt * kt, input_precision="ieee")
+    d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kt * kt, input_precision=PREC)
     tl.store(d_all + (t[:, None] * H + h) * K + offs[None, :], d, mask=m2)
 
 
@@ -206,9 +205,10 @@ def phase1_chunk_bwd_prep_kernel(
     k, beta, r, eta, gd_all, chunk_seq, chunk_start, cu_seqlens, tp, pg, hg,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    C: tl.constexpr, BK: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
 ):
-    """Per chunk: (I + Lᵀ) [Tp | pᵍ] = [diag(e^{Γ − γ̄}) | Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩], hᵍ = Σ_j e^{γ_j} g_j."""
+    """Per chunk: with P = (I + L)⁻¹, Tp = Pᵀ diag(e^{Γ − γ̄}), pᵍ = Pᵀ (Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩)_i and
+    hᵍ = Σ_j e^{γ_j} g_j."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n = tl.load(chunk_seq + ci)
@@ -223,10 +223,11 @@ def phase1_chunk_bwd_prep_kernel(
     gd = tl.load(gd_all + (t[:, None] * H + h) * K + offs[None, :], mask=m2, other=0.0).to(tl.float32)
     upper = rows[:, None] < rows[None, :]
     q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
-    rg = tl.sum(q * tl.dot(a, tl.trans(gd), input_precision="ieee"), axis=1)
+    rg = tl.sum(q * tl.dot(a, tl.trans(gd), input_precision=PREC), axis=1)
     g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-    x = tl.where(rows[:, None] == rows[None, :], tl.exp(g_end - g_incl)[:, None], 0.0)
-    x, rg = _solve_unit_upper_t(_gram_decay(a, c, g, g_incl, C), x, rg, C)
+    inv = _unit_lower_inverse(_gram_decay(a, c, g, g_incl, C, PREC), C, LOG2_C, DOUBLING, PREC)
+    x = tl.trans(inv * tl.exp(g_end - g_incl)[:, None])
+    rg = tl.sum(inv * rg[:, None], axis=0)
     tl.store(tp + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(pg + t * H + h, rg, mask=valid)
     tl.store(hg + (ci * H + h) * K + offs, tl.sum(tl.exp(g)[:, None] * gd, axis=0), mask=offs < K)
@@ -283,7 +284,7 @@ def phase1_chunk_bwd_out_kernel(
     dk, dbeta, dr, deta,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
-    C: tl.constexpr, BK: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
 ):
     """Per chunk: λ_{t+1} = e^{Γ − γ̄_i} λ_end + Σ_{j>i} e^{γ_j − γ̄_i} (g_j − c_j p_j a_j), then the local
     gradients of token t (module docstring of phase1)."""
@@ -306,8 +307,8 @@ def phase1_chunk_bwd_out_kernel(
     q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
     g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
     lam = tl.load(lam_end + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-    mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gd, input_precision="ieee") \
-        - tl.dot(q * (c * pc)[None, :], a, input_precision="ieee")
+    mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gd, input_precision=PREC) \
+        - tl.dot(q * (c * pc)[None, :], a, input_precision=PREC)
     s = tl.sum(d * a, axis=1)
     w = e * (1.0 - b * s)
     da = w[:, None] * mu - (c * pc)[:, None] * d
@@ -339,8 +340,16 @@ def chunk_table(B: int, T: int, cu_seqlens: torch.Tensor | None, C: int, device)
     return seq.to(torch.int32), start.to(torch.int32), offsets.to(torch.int32)
 
 
+def _solver_flags(chunk_size: int, solver: str, precision: str) -> dict:
+    if chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    return dict(LOG2_C=chunk_size.bit_length() - 1, DOUBLING=solver == "doubling", PREC=precision)
+
+
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
-                     chunk_size: int = 64):
+                     chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee"):
     """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32, d_final [N, H, K] float32)."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
@@ -360,17 +369,18 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     cu = cu_seqlens if cu_seqlens is not None else offsets
     flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
-    phase1_chunk_prep_kernel[(NC, H)](k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags)
+    solve = _solver_flags(C, solver, precision)
+    phase1_chunk_prep_kernel[(NC, H)](k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve)
     phase1_chunk_state_kernel[(N, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
         T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags,
     )
-    phase1_chunk_out_kernel[(NC, H)](k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags)
+    phase1_chunk_out_kernel[(NC, H)](k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision)
     return d_all, d_final
 
 
 def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
-                     cu_seqlens, chunk_size: int = 64):
+                     cu_seqlens, chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee"):
     """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r)."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
@@ -396,8 +406,9 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     cu = cu_seqlens if cu_seqlens is not None else offsets
     flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
+    solve = _solver_flags(C, solver, precision)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
-        k, beta, r_, eta, gd_all, seq, start, cu, tp, pg, hg, T, H, K, EPS, **gains, **flags,
+        k, beta, r_, eta, gd_all, seq, start, cu, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
@@ -405,6 +416,6 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
-        deta, T, H, K, EPS, **gains, **flags,
+        deta, T, H, K, EPS, **gains, **flags, **solve,
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)
