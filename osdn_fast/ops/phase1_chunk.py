@@ -8,7 +8,7 @@ entering with x_0, with γ_i = Σ_{m<i} log r_m (exclusive) and γ̄_j = γ_j + 
     (I + L) u = e − c ⊙ e^{γ} ⊙ (A x_0),   L_ij = c_i e^{γ_i − γ̄_j} ⟨a_i, a_j⟩  (j < i)
 
 so u = u⁰ − Tq (A x_0) with u⁰ = (I + L)⁻¹ e and Tq = (I + L)⁻¹ diag(c e^{γ}). Three launches:
-`prep` (every chunk in parallel: Gram, forward substitution, u⁰, Tq), `state` (sequential over the chunks of
+`prep` (every chunk in parallel: Gram, (I + L)⁻¹, u⁰, Tq), `state` (sequential over the chunks of
 one (sequence, head), O(C·K) per chunk: u and the chunk-entry states), `out` (every chunk in parallel: d_t).
 
 Backward: the adjoint λ_t = ∂L/∂d_t obeys λ_t = r_t λ_{t+1} − c_t p_t a_t + ∂L/∂d_t (p_t = ⟨λ_{t+1}, a_t⟩), the
@@ -74,6 +74,32 @@ def _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
 
 
 @triton.jit
+def _chunk_of(ci, chunk_seq, chunk_start, T, C: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """Sequence n and first token cs (flattened token axis) of chunk ci."""
+    if IS_VARLEN:
+        n = tl.load(chunk_seq + ci)
+        cs = tl.load(chunk_start + ci).to(tl.int64)
+    else:
+        nt = tl.cdiv(T, C)
+        n = ci // nt
+        cs = n.to(tl.int64) * T + (ci % nt) * C
+    return n, cs
+
+
+@triton.jit
+def _chunks_of(n, chunk_offsets, T, C: tl.constexpr, IS_VARLEN: tl.constexpr):
+    """The chunk indices [c_first, c_last) of sequence n."""
+    if IS_VARLEN:
+        c_first = tl.load(chunk_offsets + n)
+        c_last = tl.load(chunk_offsets + n + 1)
+    else:
+        nt = tl.cdiv(T, C)
+        c_first = n * nt
+        c_last = c_first + nt
+    return c_first, c_last
+
+
+@triton.jit
 def _unit_lower_inverse(L, C: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr):
     """P = (I + L)⁻¹ for strictly lower L [C, C]. Substitution: row i of P is e_i − Σ_{j<i} L_ij P_j (C − 1
     dependent steps). Doubling: with N = −L nilpotent, P = (I + N)(I + N²)(I + N⁴)… (2 log₂C − 2 products)."""
@@ -114,8 +140,7 @@ def phase1_chunk_prep_kernel(
     """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
-    n = tl.load(chunk_seq + ci)
-    cs = tl.load(chunk_start + ci).to(tl.int64)
+    n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
@@ -139,8 +164,7 @@ def phase1_chunk_state_kernel(
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
-    c_first = tl.load(chunk_offsets + n)
-    c_last = tl.load(chunk_offsets + n + 1)
+    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
     rows = tl.arange(0, C)
@@ -177,8 +201,7 @@ def phase1_chunk_out_kernel(
     """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
-    n = tl.load(chunk_seq + ci)
-    cs = tl.load(chunk_start + ci).to(tl.int64)
+    n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     rows = tl.arange(0, C)
     offs = tl.arange(0, BK)
@@ -211,8 +234,7 @@ def phase1_chunk_bwd_prep_kernel(
     hᵍ = Σ_j e^{γ_j} g_j."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
-    n = tl.load(chunk_seq + ci)
-    cs = tl.load(chunk_start + ci).to(tl.int64)
+    n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
@@ -244,8 +266,7 @@ def phase1_chunk_bwd_state_kernel(
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
-    c_first = tl.load(chunk_offsets + n)
-    c_last = tl.load(chunk_offsets + n + 1)
+    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
     rows = tl.arange(0, C)
@@ -290,8 +311,7 @@ def phase1_chunk_bwd_out_kernel(
     gradients of token t (module docstring of phase1)."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
-    n = tl.load(chunk_seq + ci)
-    cs = tl.load(chunk_start + ci).to(tl.int64)
+    n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, kt, a, b, nu, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
@@ -323,21 +343,20 @@ def phase1_chunk_bwd_out_kernel(
 
 
 def chunk_table(B: int, T: int, cu_seqlens: torch.Tensor | None, C: int, device):
-    """(chunk_seq, chunk_start, chunk_offsets): the sequence and first token of every chunk, and where each
-    sequence's chunks begin. Tokens are indexed in the flattened [B*T] axis."""
+    """(NC, chunk_seq, chunk_start, chunk_offsets): the number of chunks, and for packed sequences the sequence and
+    first token of every chunk and where each sequence's chunks begin (None without cu_seqlens: the kernels
+    compute them from the chunk index). Tokens are indexed in the flattened [B*T] axis."""
     if cu_seqlens is None:
-        nt = triton.cdiv(T, C)
-        seq = torch.arange(B, device=device).repeat_interleave(nt)
-        start = seq * T + torch.arange(nt, device=device).repeat(B) * C
-        offsets = torch.arange(B + 1, device=device) * nt
-    else:
-        bounds = cu_seqlens.tolist()
-        counts = [triton.cdiv(e - s, C) for s, e in zip(bounds[:-1], bounds[1:])]
-        seq = torch.tensor([n for n, m in enumerate(counts) for _ in range(m)], dtype=torch.long)
-        start = torch.tensor([s + i * C for s, m in zip(bounds, counts) for i in range(m)], dtype=torch.long)
-        offsets = torch.tensor([0] + counts, dtype=torch.long).cumsum(0)
-        seq, start, offsets = seq.to(device), start.to(device), offsets.to(device)
-    return seq.to(torch.int32), start.to(torch.int32), offsets.to(torch.int32)
+        return B * triton.cdiv(T, C), None, None, None
+    bounds = cu_seqlens.tolist()
+    counts = [triton.cdiv(e - s, C) for s, e in zip(bounds[:-1], bounds[1:])]
+    seq = [n for n, m in enumerate(counts) for _ in range(m)]
+    start = [s + i * C for s, m in zip(bounds, counts) for i in range(m)]
+    offsets = [0]
+    for m in counts:
+        offsets.append(offsets[-1] + m)
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    return len(seq), as_tensor(seq), as_tensor(start), as_tensor(offsets)
 
 
 def _solver_flags(chunk_size: int, solver: str, precision: str) -> dict:
@@ -356,8 +375,8 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, _block_k(K)
-    seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
-    NC = seq.numel()
+    NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
+    seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
     f32 = dict(dtype=torch.float32, device=k.device)
     tq = torch.empty(NC, H, C, C, **f32)
     u0 = torch.empty(B, T, H, **f32)
@@ -366,7 +385,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     d_all = torch.empty(B, T, H, K, **f32)
     d_final = torch.empty(N, H, K, **f32)
     r_ = r if r is not None else beta
-    cu = cu_seqlens if cu_seqlens is not None else offsets
+    cu = cu_seqlens if cu_seqlens is not None else k
     flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
     solve = _solver_flags(C, solver, precision)
@@ -387,8 +406,8 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, _block_k(K)
-    seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
-    NC = seq.numel()
+    NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
+    seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
     f32 = dict(dtype=torch.float32, device=k.device)
     if gd_all is None:
         gd_all = torch.zeros(B, T, H, K, **f32)
@@ -403,7 +422,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     dd0 = torch.empty(N, H, K, **f32)
     deta = torch.empty(B, T, H, **f32)
     r_ = r if r is not None else beta
-    cu = cu_seqlens if cu_seqlens is not None else offsets
+    cu = cu_seqlens if cu_seqlens is not None else k
     flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
     solve = _solver_flags(C, solver, precision)
