@@ -359,6 +359,12 @@ def chunk_table(B: int, T: int, cu_seqlens: torch.Tensor | None, C: int, device)
     return len(seq), as_tensor(seq), as_tensor(start), as_tensor(offsets)
 
 
+def _tile_warps(C: int, BK: int) -> int:
+    """Warps of the chunk-parallel kernels: 8 once a [C, BK] float32 tile passes 8192 elements (their several
+    live tiles would otherwise spill registers), else 4. A first guess, to be tuned on the GPU."""
+    return 8 if C * BK >= 8192 else 4
+
+
 def _solver_flags(chunk_size: int, solver: str, precision: str) -> dict:
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
@@ -389,12 +395,16 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
     solve = _solver_flags(C, solver, precision)
-    phase1_chunk_prep_kernel[(NC, H)](k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve)
+    phase1_chunk_prep_kernel[(NC, H)](
+        k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve, num_warps=_tile_warps(C, BK),
+    )
     phase1_chunk_state_kernel[(N, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
         T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags,
     )
-    phase1_chunk_out_kernel[(NC, H)](k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision)
+    phase1_chunk_out_kernel[(NC, H)](
+        k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision, num_warps=_tile_warps(C, BK),
+    )
     return d_all, d_final
 
 
@@ -428,6 +438,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     solve = _solver_flags(C, solver, precision)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         k, beta, r_, eta, gd_all, seq, start, cu, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
+        num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
@@ -435,6 +446,6 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
-        deta, T, H, K, EPS, **gains, **flags, **solve,
+        deta, T, H, K, EPS, **gains, **flags, **solve, num_warps=_tile_warps(C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)
