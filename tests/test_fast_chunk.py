@@ -97,6 +97,14 @@ def test_varlen_matches_reference(lengths, gate, states, K, V, seed):
     compare(tensors, dict(d_min=0.5, d_max=2.0), 16, cu_seqlens=cu)
 
 
+def test_wide_heads_match_reference():
+    """K, V above 64 and not powers of two: padded tiles, two key slices in the backward, two value tiles."""
+    gen, (q, k, v, beta) = make_tensors(5, 1, 40, 1, 80, 70, torch.float64)
+    tensors = dict(q=q, k=k, v=v, beta=beta, eta=0.3, g=-0.2 * torch.rand(1, 40, 1, generator=gen, dtype=torch.float64),
+                   r=None, S0=torch.randn(1, 1, 80, 70, generator=gen, dtype=torch.float64), d0=None)
+    compare(tensors, {}, 32)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs(dtype):
     """bfloat16 / float16 in, float32 state and accumulation: close to the float64 reference."""

@@ -38,8 +38,10 @@ def store_tile(ptr, x, o_t, m_t, i_h, H, D: tl.constexpr, o_d):
 def load_gate(G, o_t, m_t, i_h, H, HAS_G: tl.constexpr, BT: tl.constexpr):
     """The in-chunk cumulative log-decay G [BT] (zeros without a gate; zero on padded rows)."""
     if HAS_G:
-        return tl.load(G + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
-    return tl.zeros([BT], dtype=tl.float32)
+        b_g = tl.load(G + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    else:
+        b_g = tl.zeros([BT], dtype=tl.float32)
+    return b_g
 
 
 @triton.jit
@@ -61,3 +63,8 @@ def block_dims(K: int, V: int) -> tuple[int, int]:
     BK = max(16, triton.next_power_of_2(K))
     BV = min(max(16, triton.next_power_of_2(V)), 64 if BK <= 128 else 32)
     return BK, BV
+
+
+def launch_options(BK: int) -> dict:
+    """Warps for [C, BK] float32 tiles; one stage (no software pipelining), so shared memory stays small."""
+    return dict(num_warps=8 if BK >= 128 else 4, num_stages=1)

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import chunk_rows, load_gate, load_state, load_tile, store_tile
+from .common import chunk_rows, launch_options, load_gate, load_state, load_tile, store_tile
 from .state import decay_to_end
 from .wy import gram_decay
 
@@ -54,12 +54,13 @@ def output_bwd_local_kernel(q, kt, G, do, du_local, scale, cu_seqlens, chunk_ind
 
 
 @triton.jit
-def output_bwd_kernel(q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_seqlens, chunk_indices, H,
+def output_bwd_kernel(q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_seqlens, chunk_indices, T, H,
                       K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                       HAS_G: tl.constexpr):
-    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    # one program per key slice of BK: every term is a sum over key channels, so ∂G comes in partial sums
+    i_k, i_t, i_h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     _, o_t, m_t, last = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
-    o_k = tl.arange(0, BK)
+    o_k = i_k * BK + tl.arange(0, BK)
     b_q = load_tile(q, o_t, m_t, i_h, H, K, o_k)
     b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
@@ -97,7 +98,7 @@ def output_bwd_kernel(q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_
     store_tile(dkt, b_dkt, o_t, m_t, i_h, H, K, o_k)
     store_tile(dw, b_dw, o_t, m_t, i_h, H, K, o_k)
     if HAS_G:
-        tl.store(dg + o_t * H + i_h, b_dg, mask=m_t)
+        tl.store(dg + (i_k * T + o_t) * H + i_h, b_dg, mask=m_t)
 
 
 def output_fwd(q, kt, G, h, ubar, scale, cu_seqlens, chunk_indices, chunk_size, BK, BV):
@@ -107,7 +108,7 @@ def output_fwd(q, kt, G, h, ubar, scale, cu_seqlens, chunk_indices, chunk_size, 
     o = torch.empty(1, T, H, V, dtype=q.dtype, device=q.device)
     output_fwd_kernel[(triton.cdiv(V, BV), chunk_indices.shape[0], H)](
         q, kt, G, h, ubar, o, scale, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None)
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, **launch_options(BK))
     return o
 
 
@@ -118,7 +119,7 @@ def output_bwd_local(q, kt, G, do, scale, cu_seqlens, chunk_indices, chunk_size,
     du_local = torch.empty(1, T, H, V, dtype=torch.float32, device=q.device)
     output_bwd_local_kernel[(triton.cdiv(V, BV), chunk_indices.shape[0], H)](
         q, kt, G, do, du_local, scale, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None)
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, **launch_options(BK))
     return du_local
 
 
@@ -126,10 +127,12 @@ def output_bwd(q, kt, G, h, dh, ubar, du, do, scale, cu_seqlens, chunk_indices, 
     """(∂q, ∂k̃ partial, ∂W, ∂G partial or None), float32."""
     _, T, H, K = q.shape
     V = do.shape[-1]
+    BKS = min(BK, 64)
+    NK = triton.cdiv(K, BKS)
     f32 = dict(dtype=torch.float32, device=q.device)
     dq, dkt, dw = (torch.empty(1, T, H, K, **f32) for _ in range(3))
-    dg = torch.empty(1, T, H, **f32) if G is not None else None
-    output_bwd_kernel[(chunk_indices.shape[0], H)](
-        q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None)
-    return dq, dkt, dw, dg
+    dg = torch.empty(NK, T, H, **f32) if G is not None else None
+    output_bwd_kernel[(NK, chunk_indices.shape[0], H)](
+        q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_seqlens, chunk_indices, T, H,
+        K=K, V=V, BT=chunk_size, BK=BKS, BV=BV, HAS_G=G is not None, **launch_options(BKS))
+    return dq, dkt, dw, None if dg is None else dg.sum(0, keepdim=True)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import load_gate, load_state, load_tile, store_state, store_tile
+from .common import launch_options, load_gate, load_state, load_tile, store_state, store_tile
 
 
 @triton.jit
@@ -25,8 +25,12 @@ def decay_to_end(G, b_g, last, m_t, i_h, H, HAS_G: tl.constexpr):
     """(e^{G_C − G_i} on valid rows, 0 on padding [BT]; γ_C = e^{G_C}) for the chunk ending at token `last`."""
     if HAS_G:
         g_last = tl.load(G + last * H + i_h).to(tl.float32)
-        return tl.where(m_t, tl.exp(tl.where(m_t, g_last - b_g, 0.0)), 0.0), tl.exp(g_last)
-    return tl.where(m_t, 1.0, 0.0), 1.0
+        b_decay = tl.where(m_t, tl.exp(tl.where(m_t, g_last - b_g, 0.0)), 0.0)
+        b_gC = tl.exp(g_last)
+    else:
+        b_decay = tl.where(m_t, 1.0, 0.0)
+        b_gC = 1.0
+    return b_decay, b_gC
 
 
 @triton.jit
@@ -101,7 +105,7 @@ def state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, n_chunks, chunk_size, 
     state_fwd_kernel[(triton.cdiv(V, BV), N * H)](
         w, u, kt, G, S0, h, ubar, S_final, cu_seqlens, chunk_offsets, H,
         K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_S0=S0 is not None,
-        STORE_FINAL=output_final_state, num_stages=1)
+        STORE_FINAL=output_final_state, **launch_options(BK))
     return h, ubar, S_final
 
 
@@ -116,5 +120,5 @@ def state_bwd(q, kt, w, G, do, du_local, dS_final, scale, cu_seqlens, chunk_offs
     dS0 = torch.empty(N, H, K, V, **f32)
     state_bwd_kernel[(triton.cdiv(V, BV), N * H)](
         q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu_seqlens, chunk_offsets, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_DSF=dS_final is not None, num_stages=1)
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_DSF=dS_final is not None, **launch_options(BK))
     return dh, du, dS0

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import chunk_rows, load_gate, load_tile, store_tile
+from .common import chunk_rows, launch_options, load_gate, load_tile, store_tile
 
 
 @triton.jit
@@ -87,22 +87,22 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
                   cu_seqlens, chunk_indices, H,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_G: tl.constexpr):
+    # the key dim in slices of BK (here ≤ 64): [C, C] matrices accumulate over them, so shared memory stays small
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
-    o_i, o_k = tl.arange(0, BT), tl.arange(0, BK)
-    b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
-    b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
+    o_i = tl.arange(0, BT)
     b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
     b_Ai = load_tile(Ainv, o_t, m_t, i_h, H, BT, o_i)
-    b_dw = load_tile(dw, o_t, m_t, i_h, H, K, o_k)
-
     b_T = b_Ai * b_b[None, :]
-    b_kg = b_k * tl.exp(b_g)[:, None]
-    b_dT = tl.dot(b_dw, tl.trans(b_kg))
-    b_dkg = tl.dot(tl.trans(b_T), b_dw)
-    b_dg = tl.sum(b_dkg * b_kg, axis=1)
-    b_dk = b_dkg * tl.exp(b_g)[:, None]
+
+    b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_kk = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
+        b_dT += tl.dot(load_tile(dw, o_t, m_t, i_h, H, K, o_k), tl.trans(b_k * tl.exp(b_g)[:, None]))
+        b_kk += tl.dot(b_k, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         b_du = load_tile(du, o_t, m_t, i_h, H, V, o_v)
@@ -113,16 +113,23 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
     b_dA = -tl.dot(tl.trans(b_Ai), tl.dot(b_dT * b_b[None, :], tl.trans(b_Ai)))
     b_gam = gram_decay(b_g, BT, True)
     b_dA = tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.0)
-    b_kk = tl.dot(b_k, tl.trans(b_kt)) * b_gam
+    b_kk = b_kk * b_gam
     b_db += tl.sum(b_dA * b_kk, axis=1)
     b_dM = b_dA * b_gam * b_b[:, None]
-    b_dk += tl.dot(b_dM, b_kt)
-    b_dkt = tl.dot(tl.trans(b_dM), b_k) + load_tile(dkt_in, o_t, m_t, i_h, H, K, o_k)
     b_dAA = b_dA * b_kk * b_b[:, None]
-    b_dg += tl.sum(b_dAA, axis=1) - tl.sum(b_dAA, axis=0)
+    b_dg = tl.sum(b_dAA, axis=1) - tl.sum(b_dAA, axis=0)
 
-    store_tile(dk, b_dk, o_t, m_t, i_h, H, K, o_k)
-    store_tile(dkt, b_dkt, o_t, m_t, i_h, H, K, o_k)
+    for i_k in range(tl.cdiv(K, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
+        b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
+        b_dkg = tl.dot(tl.trans(b_T), load_tile(dw, o_t, m_t, i_h, H, K, o_k))
+        b_dg += tl.sum(b_dkg * b_k, axis=1) * tl.exp(b_g)
+        b_dk = b_dkg * tl.exp(b_g)[:, None] + tl.dot(b_dM, b_kt)
+        b_dkt = tl.dot(tl.trans(b_dM), b_k) + load_tile(dkt_in, o_t, m_t, i_h, H, K, o_k)
+        store_tile(dk, b_dk, o_t, m_t, i_h, H, K, o_k)
+        store_tile(dkt, b_dkt, o_t, m_t, i_h, H, K, o_k)
+
     tl.store(dbeta + o_t * H + i_h, b_db.to(dbeta.dtype.element_ty), mask=m_t)
     if HAS_G:
         b_dg += tl.load(dg_in + o_t * H + i_h, mask=m_t, other=0.0)
@@ -138,7 +145,7 @@ def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV):
     w, u = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, V, **f32)
     wy_fwd_kernel[(chunk_indices.shape[0], H)](
         k, kt, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None)
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, **launch_options(BK))
     return Ainv, w, u
 
 
@@ -152,5 +159,5 @@ def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_ind
     dg = torch.empty(1, T, H, **f32) if G is not None else None
     wy_bwd_kernel[(chunk_indices.shape[0], H)](
         k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None)
+        K=K, V=V, BT=chunk_size, BK=min(BK, 64), BV=BV, HAS_G=G is not None, **launch_options(BK))
     return dk, dkt, dv, dbeta, dg
