@@ -119,7 +119,7 @@ def main():
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU interpreter")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--chunk-sizes", default="32,64", help="comma-separated chunk sizes (powers of two >= 16)")
+    parser.add_argument("--chunk-sizes", default="32,64,128", help="comma-separated chunk sizes (powers of two >= 16)")
     parser.add_argument("--solvers", default=",".join(SOLVERS), help="comma-separated chunk solvers")
     parser.add_argument("--precisions", default="ieee,tf32x3", help="comma-separated tl.dot input precisions")
     args = parser.parse_args()
