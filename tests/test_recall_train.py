@@ -96,3 +96,13 @@ def test_torchrun_gloo_two_processes(tmp_path):
     assert data["world_size"] == 2 and len(data["runs"]) == 2
     assert all(r["world_size"] == 2 and r["ranks_in_sync"] is True for r in data["runs"])
     assert done.stdout.count("wall time") == 1  # only rank 0 prints the table
+
+
+def test_workers_and_failed_runs_are_recorded(tmp_path):
+    """Two worker processes share the runs; a run that raises is recorded as failed, the sweep goes on."""
+    rc = main(["--out", str(tmp_path), "--workers", "2", "--models", "deltanet", "osdn-bf"] + SHORT)
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert data["workers"] == 2 and len(data["runs"]) == 2 and not data["failed"] and len(rc) == 2
+    bad = main(["--out", str(tmp_path / "bad"), "--models", "deltanet"] + SHORT + ["--num-test", "0"])
+    data = json.loads((tmp_path / "bad" / "results.json").read_text())
+    assert bad == [] and len(data["failed"]) == 1 and "ValueError" in data["failed"][0]["error"]

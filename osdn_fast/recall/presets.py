@@ -31,7 +31,7 @@ PRESETS = {
     # CPU, a few minutes: one setting where DeltaNet is not saturated; eta raised for a short run.
     "tiny": dict(
         base=dict(task=dict(vocab_size=128, seq_len=64, num_kv_pairs=12), d_model=64, num_layers=2, num_heads=2,
-                  steps=500, batch_size=32, num_train=16_000, num_test=512, eval_every=100, device="cpu"),
+                  steps=600, batch_size=32, num_train=16_000, num_test=512, eval_every=100, device="cpu"),
         settings=[dict(name="T64-P12")],
         models=["deltanet", "osdn-ba", "apf-ba"],
         seeds=[0], lrs=[3e-3], eta=0.1, workers=1, max_minutes=None,

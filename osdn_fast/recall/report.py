@@ -92,3 +92,28 @@ def plot(rows: list[dict], key: str, path=None, ax=None, title=None):
         fig.savefig(path, dpi=120)
         plt.close(fig)
     return fig
+
+
+# The paper's headline numbers (Zhou et al. 2026): recall accuracy with JRT-style repeated context, and q_geo.
+PAPER = dict(
+    recall_340M=dict(deltanet=0.150, osdn=0.198, change=0.32, apf_change=0.17),
+    q_geo_1_3B=dict(deltanet=0.432, osdn=0.265, change=0.265 / 0.432 - 1),
+)
+
+
+def versus_baseline(rows: list[dict]) -> list[dict]:
+    """Per preconditioned row: the change in mean accuracy and q_geo against the same backbone with the
+    preconditioner off, and whether the accuracy gap exceeds the seed spread (|Δmean| > std_a + std_b)."""
+    index = {(r["setting"], r["model"]): r for r in rows}
+    out = []
+    for r in rows:
+        base = index.get((r["setting"], baseline_of(r["model"])))
+        if base is None or base is r:
+            continue
+        gap = r["accuracy"]["mean"] - base["accuracy"]["mean"]
+        spread = r["accuracy"]["std"] + base["accuracy"]["std"]
+        out.append(dict(setting=r["setting"], model=r["model"], baseline=base["model"],
+                        acc_base=base["accuracy"]["mean"], acc=r["accuracy"]["mean"], acc_change=r["acc_change"],
+                        q_geo_base=base["q_geo"]["mean"], q_geo=r["q_geo"]["mean"], q_geo_change=r["q_geo_change"],
+                        beyond_spread=abs(gap) > spread and r["n_seeds"] > 1 and base["n_seeds"] > 1))
+    return out

@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
@@ -57,8 +58,16 @@ def _worker(job):
     torch.set_num_threads(threads)
     if deadline is not None and time.time() > deadline - GRACE_S:
         return dict(setting=setting, model=model, config=cfg_dict, skipped=True)
-    record = train_run(RunConfig.from_dict(cfg_dict), progress=False, deadline=deadline)
-    return dict(setting=setting, model=model, **record)
+    return _guarded(setting, model, RunConfig.from_dict(cfg_dict), progress=False, deadline=deadline)
+
+
+def _guarded(setting: str, model: str, cfg: RunConfig, **kwargs) -> dict:
+    """train_run, with a failure recorded (error and traceback) instead of ending the sweep."""
+    try:
+        return dict(setting=setting, model=model, **train_run(cfg, **kwargs))
+    except Exception as exc:  # noqa: BLE001 - one broken run must not lose the others
+        return dict(setting=setting, model=model, config=cfg.to_dict(), error=repr(exc),
+                    traceback=traceback.format_exc())
 
 
 def _init_distributed(device: str) -> tuple[int, int, str]:
@@ -80,19 +89,25 @@ class Sweep:
     """Collects run records and writes results.json + plots into `out` (rank 0 only)."""
 
     def __init__(self, out, meta: dict, write: bool):
-        self.out, self.meta, self.write, self.runs, self.skipped = Path(out), meta, write, [], []
+        self.out, self.meta, self.write = Path(out), meta, write
+        self.runs, self.skipped, self.failed, self.total = [], [], [], 0
         self.start = time.time()
         if write:
             self.out.mkdir(parents=True, exist_ok=True)
 
     def add(self, record: dict, echo) -> None:
+        done = len(self.runs) + len(self.skipped) + len(self.failed) + 1
+        head = (f"  [{done}/{self.total} {(time.time() - self.start) / 60:.1f} min] {record['setting']:<18} "
+                f"{record['model']:<12} seed {record['config']['seed']} lr {record['config']['lr']:.0e}:")
         if record.get("skipped"):
             self.skipped.append(dict(setting=record["setting"], model=record["model"],
                                      seed=record["config"]["seed"], lr=record["config"]["lr"]))
+        elif record.get("error"):
+            self.failed.append(record)
+            echo(f"{head} FAILED {record['error']}")
         else:
             self.runs.append(record)
-            echo(f"  {record['setting']:<18} {record['model']:<12} seed {record['config']['seed']} "
-                 f"lr {record['config']['lr']:.0e}: acc {record['accuracy']:.3f}  q_geo {record['q_geo']:.3f}  "
+            echo(f"{head} acc {record['accuracy']:.3f}  q_geo {record['q_geo']:.3f}  "
                  f"clip {100 * record['clip_fraction']:.0f}%  {record['seconds']:.0f}s"
                  + ("  (truncated)" if record["truncated"] else ""))
         self.save()
@@ -101,7 +116,7 @@ class Sweep:
         rows = summarize(self.runs)
         if self.write:
             data = dict(self.meta, wall_time_s=time.time() - self.start, complete=final, summary=rows,
-                        runs=self.runs, skipped=self.skipped)
+                        runs=self.runs, skipped=self.skipped, failed=self.failed)
             (self.out / "results.json").write_text(json.dumps(data, indent=1))
             if final and rows:
                 plot(rows, "accuracy", self.out / "accuracy.png")
@@ -120,6 +135,7 @@ def run_sweep(runs: list[tuple[str, str, RunConfig]], out, *, preset_name: str, 
     meta["eta_note"] = (f"eta = {preset['eta']} for every preconditioned model (SPEC default 0.003; "
                         "recall experiments may use a larger eta)")
     sweep = Sweep(out, meta, write=rank == 0)
+    sweep.total = len(runs)
     deadline = None if max_minutes is None else time.time() + 60 * max_minutes
     say = echo if rank == 0 else (lambda *_: None)
     say(f"{len(runs)} runs, device {meta['device']}, world {world}, workers {workers}")
@@ -135,9 +151,11 @@ def run_sweep(runs: list[tuple[str, str, RunConfig]], out, *, preset_name: str, 
                 sweep.add(dict(setting=setting, model=model, config=cfg.to_dict(), skipped=True), say)
                 continue
             cfg.device = rank_device
-            record = train_run(cfg, progress=progress,
-                               deadline=None if deadline is None else deadline + GRACE_S)
-            sweep.add(dict(setting=setting, model=model, **record), say)
+            kwargs = dict(progress=progress, deadline=None if deadline is None else deadline + GRACE_S)
+            if world > 1:  # under DDP a failure must stop every rank, or the others hang in a collective
+                sweep.add(dict(setting=setting, model=model, **train_run(cfg, **kwargs)), say)
+            else:
+                sweep.add(_guarded(setting, model, cfg, **kwargs), say)
     rows = sweep.save(final=True)
     if world > 1:
         dist.barrier()

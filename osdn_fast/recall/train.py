@@ -151,6 +151,8 @@ def train_run(cfg: RunConfig, *, progress: bool = True, deadline: float | None =
     """
     rank, world = _world()
     device = torch.device(cfg.device)
+    if cfg.num_test < 1 or cfg.num_train < 1 or cfg.steps < 1:
+        raise ValueError(f"num_train, num_test and steps must be >= 1, got {cfg.num_train}, {cfg.num_test}, {cfg.steps}")
     if cfg.batch_size % world:
         raise ValueError(f"batch_size {cfg.batch_size} must be divisible by the number of ranks {world}")
     start = time.time()
