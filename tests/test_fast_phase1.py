@@ -201,6 +201,25 @@ def test_clip_is_zero_gradient_on_clipped_coordinates():
     assert d0.grad[0, 0].tolist() == [0.0, 1.0, 1.0]
 
 
+@pytest.mark.parametrize("chunked", [False, True])
+def test_zero_retention(chunked):
+    """r_t = 0 (APF forgetting everything) at some tokens: d_{t+1} is the update alone; no NaN anywhere."""
+    p = dict(B=1, T=37, H=2, K=5, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None, d_max=None),
+             has_r=True, has_d0=True, eta_kind="tensor", zero_key=False, dtype=torch.float32, chunk_size=16,
+             solver="substitution", seed=7)
+    x = make_inputs(p)
+    x["r"][0, ::5] = 0.0
+    leaves = {n: t.requires_grad_() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
+    ref_all, ref_final = reference(leaves, p)
+    y, d_all, d_final = fast(x, p, chunked)
+    osdn_ref.check("d_all", d_all, ref_all, FORWARD_TOL)
+    w_all, w_final = torch.randn_like(ref_all), torch.randn_like(ref_final)
+    expected = grads(leaves, ref_all, ref_final, w_all, w_final)
+    actual = grads(y, d_all, d_final, w_all, w_final)
+    for name, g in expected.items():
+        close(f"d{name}", actual[name], g, GRAD_TOL[torch.float32])
+
+
 def test_chunk_size_must_be_a_power_of_two():
     k = torch.randn(1, 4, 1, 4, device=DEVICE)
     with pytest.raises(ValueError, match="chunk_size"):

@@ -30,6 +30,12 @@ SOLVERS = ("substitution", "doubling")  # how each chunk's (I + L)⁻¹ is forme
 
 
 @triton.jit
+def _log_retention(r):
+    """log r_t, floored at −80 (r below e⁻⁸⁰ ≈ 2e−35 acts as 0) so that r = 0 gives no −∞ − (−∞) in decay ratios."""
+    return tl.maximum(tl.log(r.to(tl.float32)), -80.0)
+
+
+@triton.jit
 def _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
                 C: tl.constexpr, BK: tl.constexpr):
     """Raw inputs of the chunk starting at token cs: k [C, BK] (input dtype), b and log r [C] (float32).
@@ -43,7 +49,7 @@ def _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R: tl.constexpr, BETA_AWARE: t
     else:
         b = tl.where(valid, 1.0, 0.0)
     if HAS_R:
-        lr = tl.log(tl.load(r + t * H + h, mask=valid, other=1.0).to(tl.float32))
+        lr = _log_retention(tl.load(r + t * H + h, mask=valid, other=1.0))
     else:
         lr = tl.zeros([C], dtype=tl.float32)
     return t, valid, kt, b, lr
@@ -210,7 +216,7 @@ def phase1_chunk_out_kernel(
     m2 = valid[:, None] & (offs[None, :] < K)
     kt = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=m2, other=0.0).to(tl.float32)
     if HAS_R:
-        lr = tl.log(tl.load(r + t * H + h, mask=valid, other=1.0).to(tl.float32))
+        lr = _log_retention(tl.load(r + t * H + h, mask=valid, other=1.0))
     else:
         lr = tl.zeros([C], dtype=tl.float32)
     g_incl = tl.cumsum(lr, axis=0)
