@@ -101,3 +101,17 @@ def test_power_law_placement_prefers_early_queries():
 def test_bad_task_raises(bad):
     with pytest.raises(ValueError):
         RecallTask(**bad)
+
+
+def test_distinct_draw_is_uniform_and_blocks_are_seeded():
+    from osdn_fast.recall import tasks
+
+    rng = np.random.default_rng(0)
+    draw = tasks._choose_without_replacement(rng, 20000, 1, 5, 2)  # 2 of {1, 2, 3, 4}: 6 subsets, 12 orders
+    assert (draw[:, 0] != draw[:, 1]).all() and draw.min() == 1 and draw.max() == 4
+    counts = np.unique(draw[:, 0] * 10 + draw[:, 1], return_counts=True)[1]
+    assert len(counts) == 12 and counts.min() > 0.85 * 20000 / 12 and counts.max() < 1.15 * 20000 / 12
+    task = RecallTask(vocab_size=64, seq_len=32, num_kv_pairs=4)
+    big, _ = generate(task, tasks.BLOCK + 5, seed=3)
+    assert big.shape[0] == tasks.BLOCK + 5 and torch.equal(big, generate(task, tasks.BLOCK + 5, seed=3)[0])
+    assert not torch.equal(big[:5], big[tasks.BLOCK:])  # each block has its own generator

@@ -60,8 +60,20 @@ class RecallTask:
 
 
 def _choose_without_replacement(rng: np.random.Generator, n: int, low: int, high: int, size: int) -> np.ndarray:
-    """n rows of `size` distinct integers from [low, high), uniformly (argsort of uniform noise)."""
-    return rng.random((n, high - low)).argsort(axis=1)[:, :size] + low
+    """n rows of `size` distinct integers from [low, high), every subset and order equally likely.
+
+    Draw with replacement, redraw the repeated entries until none is left, then shuffle each row. The draw
+    commutes with any relabelling of [low, high), so every subset is equally likely; memory is O(n·size).
+    """
+    out = rng.integers(low, high, size=(n, size))
+    while True:
+        order = np.argsort(out, axis=1, kind="stable")
+        ordered = np.take_along_axis(out, order, 1)
+        repeat = np.zeros_like(out, dtype=bool)
+        np.put_along_axis(repeat, order[:, 1:], ordered[:, 1:] == ordered[:, :-1], axis=1)
+        if not repeat.any():
+            return rng.permuted(out, axis=1)
+        out[repeat] = rng.integers(low, high, size=int(repeat.sum()))
 
 
 def _power_law_gaps(rng: np.random.Generator, n: int, space: int, size: int, a: float) -> np.ndarray:
@@ -95,10 +107,21 @@ def _write_stream(rng: np.random.Generator, task: RecallTask, keys: np.ndarray, 
     return stream_k, stream_v, latest
 
 
+BLOCK = 8192  # examples drawn per generator: bounds the memory of large sets
+
+
 def generate(task: RecallTask, num_examples: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Return (inputs, labels), both int64 [num_examples, task.total_len]; labels −100 off the answers."""
-    rng = np.random.default_rng(seed)
-    n, P, half = num_examples, task.num_kv_pairs, task.vocab_size // 2
+    """Return (inputs, labels), both int64 [num_examples, task.total_len]; labels −100 off the answers.
+
+    Examples are drawn in blocks of BLOCK, block b from numpy's generator seeded with (seed, b).
+    """
+    parts = [_generate_block(task, min(BLOCK, num_examples - start), np.random.default_rng([seed, b]))
+             for b, start in enumerate(range(0, num_examples, BLOCK))]
+    return torch.from_numpy(np.concatenate([p[0] for p in parts])), torch.from_numpy(np.concatenate([p[1] for p in parts]))
+
+
+def _generate_block(task: RecallTask, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    P, half = task.num_kv_pairs, task.vocab_size // 2
     keys = _choose_without_replacement(rng, n, 1, half, P)
     values = _choose_without_replacement(rng, n, half, task.vocab_size, P)
     stream_k, stream_v, latest = _write_stream(rng, task, keys, values)
@@ -115,4 +138,4 @@ def generate(task: RecallTask, num_examples: int, seed: int) -> tuple[torch.Tens
     inputs = np.concatenate([context, queries], axis=1)
     labels = np.full_like(inputs, IGNORE)
     np.put_along_axis(labels, context.shape[1] + 2 * gaps, latest, axis=1)
-    return torch.from_numpy(inputs), torch.from_numpy(labels)
+    return inputs, labels
