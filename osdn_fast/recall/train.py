@@ -185,11 +185,11 @@ def train_run(cfg: RunConfig, *, progress: bool = True, deadline: float | None =
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
-            ev = evaluate(model, test_x, test_y, max(per_rank, 64), device)
+            ev = evaluate(model, test_x, test_y, max(per_rank, 256), device)
             history.append(dict(step=step + 1, train_loss=loss.item(), **ev))
             bar.set_postfix(acc=f"{ev['accuracy']:.3f}", loss=f"{loss.item():.3f}")
     bar.close()
-    final = evaluate(model, test_x, test_y, max(per_rank, 64), device)
+    final = evaluate(model, test_x, test_y, max(per_rank, 256), device)
     diag = layer_diagnostics(model, test_x[: min(256, cfg.num_test)], device)
     return dict(config=cfg.to_dict(), accuracy=final["accuracy"], test_loss=final["loss"],
                 best_accuracy=max([h["accuracy"] for h in history] + [final["accuracy"]]),
