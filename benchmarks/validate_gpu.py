@@ -136,6 +136,18 @@ def timings(shape, device):
     return rows
 
 
+def write(out_dir, result):
+    """(Re)write gpu_validation.json and .csv: called after every case, so a run cut short keeps its rows."""
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "gpu_validation.json"), "w") as f:
+        json.dump(result, f, indent=1)
+    if result["rows"]:
+        with open(os.path.join(out_dir, "gpu_validation.csv"), "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(result["rows"][0]))
+            writer.writeheader()
+            writer.writerows(result["rows"])
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="directory for gpu_validation.json / .csv")
@@ -148,35 +160,36 @@ def main(argv=None):
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     varlen = SMOKE_VARLEN if args.smoke else VARLEN
     cases = [(s, None) for s in shapes] + [((1, cu[-1], H, D), cu) for cu, H, D in varlen]
-    rows = []
-    for dtype in (torch.bfloat16, torch.float16):
-        for gate in (False, True):
-            for shape, cu in cases:
-                t = time.perf_counter()
-                new = validate(shape, dtype, gate, cu, device)
-                rows += new
-                worst = max(new, key=lambda r: r["rel_rmse"] / r["threshold"])
-                print(f"{str(shape):22s} varlen={cu is not None!s:5s} {str(dtype):15s} gate={int(gate)}  "
-                      f"worst {worst['name']:6s} {worst['rel_rmse']:.2e} (≤ {worst['threshold']})  "
-                      f"{'ok' if all(r['ok'] for r in new) else 'FAIL'}  {time.perf_counter() - t:.1f}s",
-                      flush=True)
-    timing_rows = [] if args.no_timing else timings(SMOKE_TIMING_SHAPE if args.smoke else TIMING_SHAPE, device)
-
     result = dict(
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version(),
         interpreter=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke,
         thresholds=dict(output=OUTPUT_THRESHOLD, gradient=GRAD_THRESHOLD), options=OPTIONS,
-        all_ok=all(r["ok"] for r in rows), rows=rows, timings=timing_rows,
+        complete=False, all_ok=None, rows=[], timings=[],
     )
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "gpu_validation.json"), "w") as f:
-        json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "gpu_validation.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    for dtype in (torch.bfloat16, torch.float16):
+        for gate in (False, True):
+            for shape, cu in cases:
+                t = time.perf_counter()
+                new = validate(shape, dtype, gate, cu, device)
+                result["rows"] += new
+                write(args.out, result)
+                worst = max(new, key=lambda r: r["rel_rmse"] / r["threshold"])
+                print(f"{str(shape):22s} varlen={cu is not None!s:5s} {str(dtype):15s} gate={int(gate)}  "
+                      f"worst {worst['name']:6s} {worst['rel_rmse']:.2e} (≤ {worst['threshold']})  "
+                      f"{'ok' if all(r['ok'] for r in new) else 'FAIL'}  {time.perf_counter() - t:.1f}s",
+                      flush=True)
+    rows = result["rows"]
+    result["all_ok"] = all(r["ok"] for r in rows)
+    if not args.no_timing:
+        result["timings"] = timings(SMOKE_TIMING_SHAPE if args.smoke else TIMING_SHAPE, device)
+    result["complete"] = True
+    write(args.out, result)
+    for r in rows:
+        if not r["ok"]:
+            print(f"FAIL {r['B'], r['T'], r['H'], r['D']} {r['dtype']} gate={r['gate']} varlen={r['varlen']} "
+                  f"{r['name']}: {r['rel_rmse']:.2e} > {r['threshold']}")
     print(f"{sum(r['ok'] for r in rows)}/{len(rows)} rows within thresholds; wrote {args.out}/gpu_validation.json")
     return 0 if result["all_ok"] else 1
 

@@ -2,6 +2,9 @@
 float64: the output, both final states and the gradient of every differentiable input (q, k, v, β, g, r,
 S0, d0, η) — fixed length and packed variable-length sequences — plus the input checks of SPEC §4."""
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 
@@ -139,3 +142,13 @@ def test_kda_gate_not_implemented():
     q, k, v, beta = small()
     with pytest.raises(NotImplementedError, match="osdn_ref.chunk_osdn"):
         osdn_fast.chunk_osdn(q, k, v, beta, eta=0.1, g=-torch.rand(1, 4, 2, 8))
+
+
+def test_kernels_compile_for_h200():
+    """Every phase-2 kernel compiles ahead of time for sm_90 (the H200) with the installed Triton, within
+    shared memory: benchmarks/compile_check.py in a subprocess, outside the interpreter."""
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "compile_check.py"), "--dims", "128"],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]

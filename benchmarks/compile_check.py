@@ -1,0 +1,95 @@
+"""Compile every phase-2 kernel ahead of time for an NVIDIA target (default sm_90, the H200), no GPU needed.
+
+Uses the installed Triton and its bundled ptxas, so a kernel that the GPU's compiler would reject (an API
+missing in that Triton version, shared memory above the limit) fails here first. Run it with the Triton
+version of the GPU image (e.g. in a virtual environment with triton==3.6) before spending GPU time:
+
+    python benchmarks/compile_check.py --dims 64 128 256          # must not run under TRITON_INTERPRET=1
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100/H200 block may use
+
+
+def jobs(K, V, chunk_size=64):
+    """(kernel, constexprs, arguments passed as None, launch options): the launches of osdn_fast.ops.chunk."""
+    from osdn_fast.ops import cumsum, output, state, wy
+    from osdn_fast.ops.common import block_dims, launch_options
+
+    BK, BV = block_dims(K, V)
+    BKS = min(BK, 64)  # the key slice of the two backward kernels
+    dims = dict(K=K, V=V, BT=chunk_size, BK=BK, BV=BV)
+    out = [(cumsum.chunk_cumsum_kernel, dict(BT=chunk_size, REVERSE=rev), (), {}) for rev in (False, True)]
+    for has_g in (False, True):
+        none = () if has_g else ("G", "dg_in", "dg")
+        out += [
+            (wy.wy_fwd_kernel, dict(dims, HAS_G=has_g), none, launch_options(BK)),
+            (wy.wy_bwd_kernel, dict(dims, BK=BKS, HAS_G=has_g), none, launch_options(BK)),
+            (state.state_fwd_kernel, dict(dims, HAS_G=has_g, HAS_S0=True, STORE_FINAL=True), none, launch_options(BK)),
+            (state.state_bwd_kernel, dict(dims, HAS_G=has_g, HAS_DSF=True), none, launch_options(BK)),
+            (output.output_fwd_kernel, dict(dims, HAS_G=has_g), none, launch_options(BK)),
+            (output.output_bwd_local_kernel, dict(dims, HAS_G=has_g), none, launch_options(BK)),
+            (output.output_bwd_kernel, dict(dims, BK=BKS, HAS_G=has_g), none, launch_options(BKS)),
+        ]
+    return out
+
+
+def signature(kernel, constexprs, none_args, dtype):
+    """Argument types: inputs (q, k, v, β, ∂o, o, g) in `dtype`, indices int32, the rest float32 pointers."""
+    types, consts = {}, {}
+    for name in kernel.arg_names:
+        if name in constexprs or name in none_args:
+            types[name], consts[name] = "constexpr", constexprs.get(name)
+        elif name in ("H", "T"):
+            types[name] = "i32"
+        elif name == "scale":
+            types[name] = "fp32"
+        elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets"):
+            types[name] = "*i32"
+        else:
+            types[name] = f"*{dtype}" if name in ("q", "k", "v", "beta", "do", "o", "g", "x") else "*fp32"
+    return types, consts
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--dims", type=int, nargs="+", default=[128], help="K = V values to compile for")
+    parser.add_argument("--dtypes", nargs="+", default=["bf16"], help="input dtypes: bf16 fp16 fp32")
+    parser.add_argument("--arch", type=int, default=90)
+    args = parser.parse_args(argv)
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        sys.exit("compile_check compiles real kernels: unset TRITON_INTERPRET")
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    target, failures = GPUTarget("cuda", args.arch, 32), 0
+    print(f"triton {triton.__version__}, target sm_{args.arch}")
+    for D in args.dims:
+        for dtype in args.dtypes:
+            for kernel, constexprs, none_args, options in jobs(D, D):
+                types, consts = signature(kernel, constexprs, none_args, dtype)
+                t = time.perf_counter()
+                label = f"K=V={D:<4d} {dtype:4s} {kernel.__name__:24s} HAS_G={constexprs.get('HAS_G', '-')!s:5s}"
+                try:
+                    compiled = triton.compile(triton.compiler.ASTSource(kernel, types, consts), target=target,
+                                              options=options)
+                except Exception as e:  # noqa: BLE001 (report every failing kernel, then fail)
+                    failures += 1
+                    print(f"FAIL {label} {type(e).__name__}: {str(e)[:2000]}", flush=True)
+                    continue
+                shared = compiled.metadata.shared
+                over = shared > SHARED_LIMIT
+                failures += over
+                print(f"{'FAIL' if over else 'ok  '} {label} shared {shared:6d} B  {time.perf_counter() - t:4.1f}s",
+                      flush=True)
+    print("all kernels compile" if not failures else f"{failures} kernel(s) failed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
