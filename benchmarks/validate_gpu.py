@@ -1,7 +1,8 @@
 """GPU validation of osdn_fast.chunk_osdn against osdn_ref.chunk_osdn in float64 (issue 4, item 5).
 
 For fla's test shapes (B, T, H, D) and packed variable-length sequences, in bfloat16 and float16, without a
-gate and with the GDN gate, it compares the output, both final states (S, d) and the gradient of every input
+gate and with the GDN gate, with the clip (phase 1 sequential) and in bfloat16 also without it (phase 1
+chunk-parallel), it compares the output, both final states (S, d) and the gradient of every input
 (q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖, the reference running in float64 on the same
 device from the same rounded inputs. Thresholds: 0.006 for outputs and states, 0.008 for gradients.
 Then first timings (triton.testing.do_bench, median) of forward and forward+backward at (4, 4096, 16, 128)
@@ -37,6 +38,7 @@ SMOKE_SHAPES = [(1, 20, 1, 16), (2, 70, 2, 20)]
 SMOKE_VARLEN = [((0, 5, 40, 71), 2, 16)]
 SMOKE_TIMING_SHAPE = (1, 64, 2, 16)
 OPTIONS = dict(eta=0.5, d_min=2 / 3, d_max=1.5)  # a large η so that d moves; the authors' clip
+UNCLIPPED = dict(eta=0.5)  # phase 1 takes its chunk-parallel path without the clip (run in bfloat16)
 
 
 def make_case(B, T, H, D, dtype, gate, N, device, seed=0):
@@ -53,12 +55,12 @@ def make_case(B, T, H, D, dtype, gate, N, device, seed=0):
     return x, [c.to(device, torch.float64) for c in cot]
 
 
-def run(op, x, cot, cu_seqlens):
+def run(op, x, cot, cu_seqlens, options):
     """Forward, then the backward of Σ o·do + Σ S·dS + Σ d·dd; returns {name: result or gradient}."""
     leaves = {n: None if t is None else t.detach().clone().requires_grad_() for n, t in x.items()}
     o, (S, d) = op(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], g=leaves["g"],
                    initial_state=(leaves["S0"], leaves["d0"]), output_final_state=True, cu_seqlens=cu_seqlens,
-                   **OPTIONS)
+                   **options)
     ((o.double() * cot[0]).sum() + (S.double() * cot[1]).sum() + (d.double() * cot[2]).sum()).backward()
     out = {"o": o, "S": S, "d": d}
     out.update({f"d{n}": t.grad for n, t in leaves.items() if t is not None})
@@ -72,7 +74,7 @@ def rel_rmse(a, e):
     return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
 
 
-def validate(shape, dtype, gate, cu, device):
+def validate(shape, dtype, gate, cu, device, options):
     import osdn_fast
     import osdn_ref
 
@@ -80,16 +82,17 @@ def validate(shape, dtype, gate, cu, device):
     N = B if cu is None else len(cu) - 1
     x, cot = make_case(B, T, H, D, dtype, gate, N, device)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
-    fast = run(osdn_fast.chunk_osdn, x, cot, cu_t)
+    fast = run(osdn_fast.chunk_osdn, x, cot, cu_t, options)
     ref = run(osdn_ref.chunk_osdn, {n: None if t is None else t.double() for n, t in x.items()}, cot,
-              None if cu is None else cu_t.long())
+              None if cu is None else cu_t.long(), options)
     rows = []
     for name, expected in ref.items():
         kind = "output" if name in ("o", "S", "d") else "gradient"
         threshold = OUTPUT_THRESHOLD if kind == "output" else GRAD_THRESHOLD
         err = rel_rmse(fast[name], expected)
         rows.append(dict(B=B, T=T, H=H, D=D, varlen=cu is not None, cu_seqlens=None if cu is None else list(cu),
-                         dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none", name=name,
+                         dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none",
+                         clip="d_min" in options, name=name,
                          kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold)))
     return rows
 
@@ -165,21 +168,23 @@ def main(argv=None):
         gpu=torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version(),
         interpreter=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke,
-        thresholds=dict(output=OUTPUT_THRESHOLD, gradient=GRAD_THRESHOLD), options=OPTIONS,
+        thresholds=dict(output=OUTPUT_THRESHOLD, gradient=GRAD_THRESHOLD), options=OPTIONS, unclipped=UNCLIPPED,
         complete=False, all_ok=None, rows=[], timings=[],
     )
-    for dtype in (torch.bfloat16, torch.float16):
-        for gate in (False, True):
-            for shape, cu in cases:
-                t = time.perf_counter()
-                new = validate(shape, dtype, gate, cu, device)
-                result["rows"] += new
-                write(args.out, result)
-                worst = max(new, key=lambda r: r["rel_rmse"] / r["threshold"])
-                print(f"{str(shape):22s} varlen={cu is not None!s:5s} {str(dtype):15s} gate={int(gate)}  "
-                      f"worst {worst['name']:6s} {worst['rel_rmse']:.2e} (≤ {worst['threshold']})  "
-                      f"{'ok' if all(r['ok'] for r in new) else 'FAIL'}  {time.perf_counter() - t:.1f}s",
-                      flush=True)
+    runs = [(dtype, gate, OPTIONS) for dtype in (torch.bfloat16, torch.float16) for gate in (False, True)]
+    runs += [(torch.bfloat16, gate, UNCLIPPED) for gate in (False, True)]
+    for dtype, gate, options in runs:
+        for shape, cu in cases:
+            t = time.perf_counter()
+            new = validate(shape, dtype, gate, cu, device, options)
+            result["rows"] += new
+            write(args.out, result)
+            worst = max(new, key=lambda r: r["rel_rmse"] / r["threshold"])
+            print(f"{str(shape):22s} varlen={cu is not None!s:5s} {str(dtype):15s} gate={int(gate)} "
+                  f"clip={int('d_min' in options)}  "
+                  f"worst {worst['name']:6s} {worst['rel_rmse']:.2e} (≤ {worst['threshold']})  "
+                  f"{'ok' if all(r['ok'] for r in new) else 'FAIL'}  {time.perf_counter() - t:.1f}s",
+                  flush=True)
     rows = result["rows"]
     result["all_ok"] = all(r["ok"] for r in rows)
     if not args.no_timing:
@@ -188,7 +193,7 @@ def main(argv=None):
     write(args.out, result)
     for r in rows:
         if not r["ok"]:
-            print(f"FAIL {r['B'], r['T'], r['H'], r['D']} {r['dtype']} gate={r['gate']} varlen={r['varlen']} "
+            print(f"FAIL {r['B'], r['T'], r['H'], r['D']} {r['dtype']} gate={r['gate']} clip={r['clip']} varlen={r['varlen']} "
                   f"{r['name']}: {r['rel_rmse']:.2e} > {r['threshold']}")
     print(f"{sum(r['ok'] for r in rows)}/{len(rows)} rows within thresholds; wrote {args.out}/gpu_validation.json")
     return 0 if result["all_ok"] else 1

@@ -34,17 +34,20 @@ def test_every_row_under_threshold():
 
 
 def test_coverage():
-    """bfloat16 and float16, no gate and GDN, fla's four shapes and packed sequences, forward and every gradient."""
+    """bfloat16 and float16, no gate and GDN, with the clip (and in bfloat16 without), fla's four shapes and packed
+    sequences, forward and every gradient."""
     rows = load()["rows"]
     shapes = {(r["B"], r["T"], r["H"], r["D"]) for r in rows if not r["varlen"]}
     assert {(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64)} <= shapes
-    for dtype in ("bfloat16", "float16"):
+    runs = [(dtype, True) for dtype in ("bfloat16", "float16")] + [("bfloat16", False)]  # (dtype, clip)
+    for dtype, clip in runs:
         for gate in ("none", "gdn"):
             for varlen in (False, True):
-                names = {r["name"] for r in rows if (r["dtype"], r["gate"], r["varlen"]) == (dtype, gate, varlen)}
-                assert NAMES <= names, (dtype, gate, varlen, NAMES - names)
+                names = {r["name"] for r in rows
+                         if (r["dtype"], r["gate"], r["clip"], r["varlen"]) == (dtype, gate, clip, varlen)}
+                assert NAMES <= names, (dtype, gate, clip, varlen, NAMES - names)
                 if gate == "gdn":
-                    assert "dg" in names, (dtype, varlen)
+                    assert "dg" in names, (dtype, clip, varlen)
 
 
 def test_timings_recorded():
