@@ -117,6 +117,21 @@ def test_half_precision_inputs(dtype):
     compare(tensors, {}, 16, dtype=dtype, fwd_tol=HALF_TOL, grad_tol=HALF_TOL)
 
 
+def test_without_final_state():
+    """output_final_state=False returns None and the same output and gradients (no final-state store)."""
+    _, (q, k, v, beta) = make_tensors(7, 2, 20, 1, 8, 8, torch.float32)
+    g = -0.3 * torch.rand(2, 20, 1)
+    results = []
+    for final in (True, False):
+        x = [t.clone().to(DEVICE).requires_grad_() for t in (q, k, v, beta, g)]
+        o, state = osdn_fast.chunk_osdn(*x[:4], eta=0.4, g=x[4], output_final_state=final, chunk_size=16)
+        assert (state is None) == (not final)
+        o.sum().backward()
+        results.append([o] + [t.grad for t in x])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
 def small(B=1, T=4, H=2, K=8, V=8, dtype=torch.float32):
     return [torch.randn(*s, dtype=dtype) for s in ((B, T, H, K), (B, T, H, K), (B, T, H, V), (B, T, H))]
 
