@@ -3,7 +3,8 @@
 Three ways to run, by what the launcher gives:
 - plain, one process: runs one after another;
 - `workers > 1`: that many processes share the device, each taking whole runs (small models leave a GPU
-  mostly idle, so concurrent runs raise throughput); no collective communication;
+  mostly idle, so concurrent runs raise throughput); with several GPUs, worker i uses GPU i mod count;
+  no collective communication;
 - under `torchrun` (WORLD_SIZE > 1): every run is data-parallel over all ranks (DDP; NCCL on CUDA, gloo on
   CPU) and rank 0 writes the results.
 results.json is rewritten after every finished run, so a sweep cut short still leaves its data.
@@ -52,10 +53,19 @@ def environment(device: str) -> dict:
     return dict(device=name, versions=versions, platform=platform.platform())
 
 
+def _init_worker(counter, threads: int) -> None:
+    """Pool initializer: worker i uses i-th GPU modulo the GPUs present (for device 'cuda'), `threads` CPU threads."""
+    with counter.get_lock():
+        index = counter.value
+        counter.value += 1
+    torch.set_num_threads(threads)
+    if torch.cuda.is_available():
+        torch.cuda.set_device(index % torch.cuda.device_count())
+
+
 def _worker(job):
     """Pool entry point: one run in a worker process."""
-    setting, model, cfg_dict, deadline, threads = job
-    torch.set_num_threads(threads)
+    setting, model, cfg_dict, deadline = job
     if deadline is not None and time.time() > deadline - GRACE_S:
         return dict(setting=setting, model=model, config=cfg_dict, skipped=True)
     return _guarded(setting, model, RunConfig.from_dict(cfg_dict), progress=False, deadline=deadline)
@@ -141,8 +151,9 @@ def run_sweep(runs: list[tuple[str, str, RunConfig]], out, *, preset_name: str, 
     say(f"{len(runs)} runs, device {meta['device']}, world {world}, workers {workers}")
     if workers > 1 and world == 1:
         threads = max(1, (os.cpu_count() or 1) // workers)
-        jobs = [(s, m, c.to_dict(), None if deadline is None else deadline + GRACE_S, threads) for s, m, c in runs]
-        with mp.get_context("spawn").Pool(workers) as pool:
+        jobs = [(s, m, c.to_dict(), None if deadline is None else deadline + GRACE_S) for s, m, c in runs]
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(workers, initializer=_init_worker, initargs=(ctx.Value("i", 0), threads)) as pool:
             for record in pool.imap_unordered(_worker, jobs):
                 sweep.add(record, say)
     else:

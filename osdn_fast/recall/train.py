@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ..nn import RecallLM
 from .tasks import IGNORE, RecallTask, generate
