@@ -4,7 +4,8 @@ With P = (Q K̃ᵀ) ⊙ Γ on j ≤ i (Γ_ij = e^{G_i − G_j}), S_n the state e
 
     O = scale · ((Q ⊙ γ) S_n + P Ū)
 
-Backward (∂S_{n+1} from state.py is the gradient of the state leaving the chunk, K̂ = K̃ ⊙ e^{G_C − G}):
+Backward (transposes come from transposed loads, never from tl.trans of a computed matrix, which Triton
+3.4+ miscompiles on Hopper: fla issue #640; ∂S_{n+1} from state.py is the gradient of the state leaving the chunk, K̂ = K̃ ⊙ e^{G_C − G}):
 
     ∂Ū^local = scale Pᵀ ∂O                                      (before the state pass)
     ∂P = scale ∂O Ūᵀ on j ≤ i
@@ -47,9 +48,9 @@ def output_bwd_local_kernel(q, kt, G, do, du_local, scale, cu_seqlens, chunk_ind
     _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
-    b_P = tl.dot(load_tile(q, o_t, m_t, i_h, H, K, o_k), tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
-    b_P = b_P * gram_decay(b_g, BT, False)
-    b_du = tl.dot(tl.trans(b_P), load_tile(do, o_t, m_t, i_h, H, V, o_v))
+    b_Pt = tl.dot(load_tile(kt, o_t, m_t, i_h, H, K, o_k), tl.trans(load_tile(q, o_t, m_t, i_h, H, K, o_k)))
+    b_Pt = b_Pt * gram_decay(b_g, BT, False, True)
+    b_du = tl.dot(b_Pt, load_tile(do, o_t, m_t, i_h, H, V, o_v))
     store_tile(du_local, b_du * scale, o_t, m_t, i_h, H, V, o_v)
 
 
@@ -69,6 +70,7 @@ def output_bwd_kernel(q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_
     b_dkh = tl.zeros([BT, BK], dtype=tl.float32)
     b_dw = tl.zeros([BT, BK], dtype=tl.float32)
     b_dP = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dPt = tl.zeros([BT, BT], dtype=tl.float32)
     b_hdh = tl.zeros([BK], dtype=tl.float32)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -78,6 +80,7 @@ def output_bwd_kernel(q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_
         b_do = load_tile(do, o_t, m_t, i_h, H, V, o_v)
         b_dq += tl.dot(b_do, tl.trans(b_h))
         b_dP += tl.dot(b_do, tl.trans(b_ub))
+        b_dPt += tl.dot(b_ub, tl.trans(b_do))
         b_dkh += tl.dot(b_ub, tl.trans(b_dh))
         b_dw -= tl.dot(load_tile(du, o_t, m_t, i_h, H, V, o_v), tl.trans(b_h))
         b_hdh += tl.sum(b_h * b_dh, axis=1)
@@ -90,7 +93,7 @@ def output_bwd_kernel(q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_
     b_dPP = b_dP * tl.dot(b_q, tl.trans(b_kt))
     b_dg += tl.sum(b_dPP, axis=1) - tl.sum(b_dPP, axis=0)
     b_decay, b_gC = decay_to_end(G, b_g, last, m_t, i_h, H, HAS_G)
-    b_dkt = tl.dot(tl.trans(b_dP), b_q) + b_dkh * b_decay[:, None]
+    b_dkt = tl.dot(b_dPt * scale * gram_decay(b_g, BT, False, True), b_q) + b_dkh * b_decay[:, None]
     b_s = tl.sum(b_dkh * b_kt * b_decay[:, None], axis=1)
     b_dg += tl.where(o_t == last, tl.sum(b_s, axis=0) + b_gC * tl.sum(b_hdh, axis=0), 0.0) - b_s
 

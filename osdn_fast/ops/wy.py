@@ -7,7 +7,8 @@ With Γ_ij = exp(G_i − G_j) (G the in-chunk cumulative log-decay), per chunk:
     T    = A⁻¹ diag(β)
     W    = T (K ⊙ e^G)        (the RAW key)       U = T V
 
-Backward, from ∂W and ∂U:
+Backward, from ∂W and ∂U (transposed products are formed from transposed loads, never by tl.trans of a
+computed matrix: that pattern is miscompiled on Hopper by Triton 3.4+, fla issues #640 and #984):
 
     ∂T  = ∂W (K ⊙ e^G)ᵀ + ∂U Vᵀ                  ∂(K ⊙ e^G) = Tᵀ ∂W,  ∂V = Tᵀ ∂U
     ∂β_j += Σ_i A⁻¹_ij ∂T_ij                      ∂A = −strict_lower(A⁻ᵀ (∂T diag(β)) A⁻ᵀ)
@@ -49,14 +50,20 @@ def unit_lower_inverse(A, BT: tl.constexpr):
 
 
 @triton.jit
-def gram_decay(b_g, BT: tl.constexpr, STRICT: tl.constexpr):
-    """Γ_ij = exp(G_i − G_j) on j < i (STRICT) or j ≤ i, else 0; the exponent is masked before exp."""
+def gram_decay(b_g, BT: tl.constexpr, STRICT: tl.constexpr, TRANSPOSED: tl.constexpr = False):
+    """Γ_ij = exp(G_i − G_j) on j < i (STRICT) or j ≤ i, else 0 (or Γᵀ); the exponent is masked before exp."""
     o_i = tl.arange(0, BT)
-    if STRICT:
-        keep = o_i[:, None] > o_i[None, :]
+    if TRANSPOSED:
+        row, col = o_i[None, :], o_i[:, None]
+        diff = b_g[None, :] - b_g[:, None]
     else:
-        keep = o_i[:, None] >= o_i[None, :]
-    return tl.where(keep, tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+        row, col = o_i[:, None], o_i[None, :]
+        diff = b_g[:, None] - b_g[None, :]
+    if STRICT:
+        keep = row > col
+    else:
+        keep = row >= col
+    return tl.where(keep, tl.exp(tl.where(keep, diff, 0.0)), 0.0)
 
 
 @triton.jit
@@ -94,28 +101,37 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
     b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
     b_Ai = load_tile(Ainv, o_t, m_t, i_h, H, BT, o_i)
-    b_T = b_Ai * b_b[None, :]
+    b_Ait = tl.load(Ainv + (o_t[None, :] * H + i_h) * BT + o_i[:, None], mask=m_t[None, :], other=0.0)
+    b_Tt = b_Ait * b_b[:, None]
 
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dTt = tl.zeros([BT, BT], dtype=tl.float32)
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
-        b_dT += tl.dot(load_tile(dw, o_t, m_t, i_h, H, K, o_k), tl.trans(b_k * tl.exp(b_g)[:, None]))
+        b_kg = b_k * tl.exp(b_g)[:, None]
+        b_dw = load_tile(dw, o_t, m_t, i_h, H, K, o_k)
+        b_dT += tl.dot(b_dw, tl.trans(b_kg))
+        b_dTt += tl.dot(b_kg, tl.trans(b_dw))
         b_kk += tl.dot(b_k, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         b_du = load_tile(du, o_t, m_t, i_h, H, V, o_v)
-        b_dT += tl.dot(b_du, tl.trans(load_tile(v, o_t, m_t, i_h, H, V, o_v)))
-        store_tile(dv, tl.dot(tl.trans(b_T), b_du), o_t, m_t, i_h, H, V, o_v)
+        b_v = load_tile(v, o_t, m_t, i_h, H, V, o_v)
+        b_dT += tl.dot(b_du, tl.trans(b_v))
+        b_dTt += tl.dot(b_v, tl.trans(b_du))
+        store_tile(dv, tl.dot(b_Tt, b_du), o_t, m_t, i_h, H, V, o_v)
 
     b_db = tl.sum(b_dT * b_Ai, axis=0)
-    b_dA = -tl.dot(tl.trans(b_Ai), tl.dot(b_dT * b_b[None, :], tl.trans(b_Ai)))
-    b_gam = gram_decay(b_g, BT, True)
+    b_dA = -tl.dot(b_Ait, tl.dot(b_dT * b_b[None, :], b_Ait))
     b_dA = tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.0)
+    b_dAt = -tl.dot(b_Ai, tl.dot(b_dTt * b_b[:, None], b_Ai))
+    b_gam = gram_decay(b_g, BT, True)
     b_kk = b_kk * b_gam
     b_db += tl.sum(b_dA * b_kk, axis=1)
     b_dM = b_dA * b_gam * b_b[:, None]
+    b_dMt = b_dAt * gram_decay(b_g, BT, True, True) * b_b[None, :]
     b_dAA = b_dA * b_kk * b_b[:, None]
     b_dg = tl.sum(b_dAA, axis=1) - tl.sum(b_dAA, axis=0)
 
@@ -123,10 +139,10 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
         o_k = i_k * BK + tl.arange(0, BK)
         b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
         b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
-        b_dkg = tl.dot(tl.trans(b_T), load_tile(dw, o_t, m_t, i_h, H, K, o_k))
+        b_dkg = tl.dot(b_Tt, load_tile(dw, o_t, m_t, i_h, H, K, o_k))
         b_dg += tl.sum(b_dkg * b_k, axis=1) * tl.exp(b_g)
         b_dk = b_dkg * tl.exp(b_g)[:, None] + tl.dot(b_dM, b_kt)
-        b_dkt = tl.dot(tl.trans(b_dM), b_k) + load_tile(dkt_in, o_t, m_t, i_h, H, K, o_k)
+        b_dkt = tl.dot(b_dMt, b_k) + load_tile(dkt_in, o_t, m_t, i_h, H, K, o_k)
         store_tile(dk, b_dk, o_t, m_t, i_h, H, K, o_k)
         store_tile(dkt, b_dkt, o_t, m_t, i_h, H, K, o_k)
 
