@@ -20,8 +20,9 @@ import osdn_ref  # noqa: E402
 from strategies import make_tensors, problems  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-FORWARD_TOL = 1e-4  # float32 kernels against the float64 reference
-GRAD_TOL = 1e-3
+# float32 kernels against the float64 reference; on a GPU, float32 tl.dot runs in TF32 (10-bit mantissa)
+FORWARD_TOL = 1e-4 if DEVICE == "cpu" else 5e-3
+GRAD_TOL = 1e-3 if DEVICE == "cpu" else 1e-2
 HALF_TOL = 3e-2  # bfloat16 / float16 inputs (rounded once on the way in)
 FLOOR = 1e-2  # below this norm errors count absolutely: e.g. ∂η vanishes at the beta-free fixed point d = 1,
 #               where the float32 round-off of 1 − ⟨d, k²⟩ is all that is left

@@ -90,10 +90,10 @@ def chunk_osdn(q, k, v, beta, *, eta, g=None, r=None, scale=None, initial_state=
     dims = validate_inputs(q, k, v, beta, eta=eta, g=g, r=r, scale=scale, initial_state=initial_state,
                            d_min=d_min, d_max=d_max, cu_seqlens=cu_seqlens, chunk_size=chunk_size,
                            max_k=MAX_K, max_v=MAX_V)
-    _check_runtime(q, chunk_size)
     if g is not None and g.dim() == 4:
         raise NotImplementedError("osdn_fast.chunk_osdn supports the scalar (GDN) gate g [B, T, H] only; "
                                   "for the per-channel (KDA) gate [B, T, H, K] use osdn_ref.chunk_osdn")
+    _check_runtime(q, chunk_size)
     B, T, H, K, V = dims.B, dims.T, dims.H, dims.K, dims.V
     scale = K**-0.5 if scale is None else float(scale)
     S0, d0 = initial_state if initial_state is not None else (None, None)
