@@ -7,7 +7,9 @@
     o, _    = OSDN(q, k, v, β; η, g, r, d_0, d_min, d_max)                SPEC §2 (η = 0, d_0 = 1 when 'off')
     y       = W_o RMSNorm(o)           norm per head
 
-With preconditioner 'off' the op runs with η = 0 and d_0 = 1: exactly DeltaNet (or GDN). 'osdn' learns d_0
+fla's GDN layer also gates its output (SiLU gate inside the norm); it is left out here, so that the two
+backbones differ only by the decay g. With preconditioner 'off' the op runs with η = 0 and d_0 = 1: exactly
+DeltaNet (or GDN). 'osdn' learns d_0
 (ones(H, K)) and uses η (fixed, or learnable per head as η = exp(log η)); 'apf' adds the retention gate r.
 """
 from __future__ import annotations

@@ -42,7 +42,7 @@ PRESETS = {
                   steps=1500, batch_size=64, num_train=60_000, num_test=1024, eval_every=500, device="cuda"),
         settings=[dict(name="T128-P24-x1", num_passes=1), dict(name="T128-P24-x2", num_passes=2)],
         models=["deltanet", "osdn-ba", "osdn-bf", "apf-ba", "gdn", "gdn-osdn-ba", "gdn-osdn-bf", "gdn-apf-ba"],
-        seeds=[0, 1, 2], lrs=[1e-3, 3e-3], eta=0.1, workers=12, max_minutes=7.0,
+        seeds=[0, 1, 2], lrs=[1e-3, 3e-3], eta=0.1, workers=12, max_minutes=6.0,
     ),
     # Later, with more GPU time: lengths, pairs, widths, the key-frequency variant, paper's eta too.
     "gpu-large": dict(
