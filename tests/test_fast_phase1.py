@@ -35,7 +35,7 @@ def phase1_problems(draw, clip=None):
         B=1 if varlen else draw(st.integers(1, 2)),
         T=sum(lengths) if varlen else draw(st.sampled_from([1, 2, 7, 16, 17, 40])),
         H=draw(st.integers(1, 2)),
-        K=draw(st.sampled_from([1, 3, 5, 8, 12, 20])),
+        K=draw(st.sampled_from([1, 3, 5, 8, 12, 20, 40])),
         lengths=lengths,
         options=dict(
             beta_aware=draw(st.booleans()), normalize=draw(st.booleans()), d_min=d_min, d_max=d_max,

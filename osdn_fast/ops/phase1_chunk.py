@@ -40,10 +40,17 @@ def _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R: tl.constexpr, BETA_AWARE: t
                 C: tl.constexpr, BK: tl.constexpr):
     """Raw inputs of the chunk starting at token cs: k [C, BK] (input dtype), b and log r [C] (float32).
     Padding rows (t ≥ eos) get k = 0, b = 0 and log r = 0: identity steps."""
-    t = cs + tl.arange(0, C)
-    valid = t < eos
+    t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
     offs = tl.arange(0, BK)
     kt = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=valid[:, None] & (offs[None, :] < K), other=0.0)
+    return t, valid, kt, b, lr
+
+
+@triton.jit
+def _chunk_scalars(beta, r, cs, eos, h, H, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, C: tl.constexpr):
+    """Tokens t of the chunk starting at cs, their validity (t < eos), b and log r [C] (identity on padding)."""
+    t = cs + tl.arange(0, C)
+    valid = t < eos
     if BETA_AWARE:
         b = tl.load(beta + t * H + h, mask=valid, other=0.0).to(tl.float32)
     else:
@@ -52,31 +59,28 @@ def _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R: tl.constexpr, BETA_AWARE: t
         lr = _log_retention(tl.load(r + t * H + h, mask=valid, other=1.0))
     else:
         lr = tl.zeros([C], dtype=tl.float32)
-    return t, valid, kt, b, lr
+    return t, valid, b, lr
 
 
 @triton.jit
 def _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE: tl.constexpr):
-    """k, a = k² [C, BK] (float32); ν, c = η b² ν, e = η b ν, γ (exclusive) and γ̄ (inclusive log-decay sums)."""
+    """a = k² [C, BK] (float32) and `_token_gains`: ν, c, e, γ, γ̄ [C]."""
     kt = kt.to(tl.float32)
     a = kt * kt
+    nu, c, e, g, g_incl = _token_gains(tl.sum(a, axis=1), b, lr, valid, eta_h, eps, NORMALIZE)
+    return a, nu, c, e, g, g_incl
+
+
+@triton.jit
+def _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE: tl.constexpr):
+    """From ‖k‖² = Σ a, b and log r [C]: ν, c = η b² ν, e = η b ν, γ (exclusive) and γ̄ (inclusive sums)."""
     if NORMALIZE:
-        nu = 1.0 / (tl.sum(a, axis=1) + eps)
+        nu = 1.0 / (a_sum + eps)
     else:
         nu = tl.where(valid, 1.0, 0.0)
     e = eta_h * b * nu
     g_incl = tl.cumsum(lr, axis=0)
-    return kt, a, nu, e * b, e, g_incl - lr, g_incl
-
-
-@triton.jit
-def _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
-                  HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
-                  C: tl.constexpr, BK: tl.constexpr):
-    """`_chunk_load` then `_chunk_gains`: t, valid, k, a, b, ν, c, e, γ, γ̄."""
-    t, valid, kt, b, lr = _chunk_load(k, beta, r, cs, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
-    kt, a, nu, c, e, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
-    return t, valid, kt, a, b, nu, c, e, g, g_incl
+    return nu, e * b, e, g_incl - lr, g_incl
 
 
 @triton.jit
@@ -127,11 +131,10 @@ def _unit_lower_inverse(L, C: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.c
 
 
 @triton.jit
-def _gram_decay(a, c, g, g_incl, C: tl.constexpr, PREC: tl.constexpr):
-    """L_ij = c_i e^{γ_i − γ̄_j} ⟨a_i, a_j⟩ for j < i, else 0."""
+def _decay_lower(gram, c, g, g_incl, C: tl.constexpr):
+    """L_ij = c_i e^{γ_i − γ̄_j} ⟨a_i, a_j⟩ for j < i, else 0 (gram = A Aᵀ)."""
     rows = tl.arange(0, C)
     lower = rows[:, None] > rows[None, :]
-    gram = tl.dot(a, tl.trans(a), input_precision=PREC)
     decay = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0)
     return c[:, None] * decay * gram
 
@@ -142,6 +145,7 @@ def phase1_chunk_prep_kernel(
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
+    KB: tl.constexpr,
 ):
     """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e."""
     ci = tl.program_id(0)
@@ -149,10 +153,19 @@ def phase1_chunk_prep_kernel(
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
-    t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
-                                                 HAS_R, BETA_AWARE, NORMALIZE, C, BK)
+    t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
+    gram = tl.zeros([C, C], dtype=tl.float32)
+    a_sum = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, BK, KB):  # A Aᵀ over blocks of KB channels: small dot operands, no register spills
+        offs = k0 + tl.arange(0, KB)
+        kb = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=valid[:, None] & (offs[None, :] < K),
+                     other=0.0).to(tl.float32)
+        ab = kb * kb
+        gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
+        a_sum += tl.sum(ab, axis=1)
+    _, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
     rows = tl.arange(0, C)
-    inv = _unit_lower_inverse(_gram_decay(a, c, g, g_incl, C, PREC), C, LOG2_C, DOUBLING, PREC)
+    inv = _unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC)
     x = inv * (c * tl.exp(g))[None, :]
     u = tl.sum(inv * e[None, :], axis=1)
     tl.store(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
@@ -190,7 +203,7 @@ def phase1_chunk_state_kernel(
         tqn = tl.load(tq + ((ci + 1) * H + h) * C * C + cc, mask=cc < tl.where(ci + 1 < c_last, C * C, 0), other=0.0)
         u0n = tl.load(u0 + tn * H + h, mask=vn, other=0.0)
         tl.store(x0 + (ci * H + h) * K + offs, x, mask=mask)
-        _, a, _, _, _, _, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
+        a, _, _, _, _, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
         uc = u0_c - tl.sum(tq_c * tl.sum(a * x[None, :], axis=1)[None, :], axis=1)
         tl.store(u + t * H + h, uc, mask=valid)
         g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
@@ -203,30 +216,28 @@ def phase1_chunk_out_kernel(
     k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all,
     T, H, K,
     HAS_R: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
+    KB: tl.constexpr,
 ):
-    """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j."""
+    """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j, in blocks of KB channels."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
-    rows = tl.arange(0, C)
-    offs = tl.arange(0, BK)
-    t = cs + rows
-    valid = t < eos
-    m2 = valid[:, None] & (offs[None, :] < K)
-    kt = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=m2, other=0.0).to(tl.float32)
-    if HAS_R:
-        lr = _log_retention(tl.load(r + t * H + h, mask=valid, other=1.0))
-    else:
-        lr = tl.zeros([C], dtype=tl.float32)
+    t, valid, _, lr = _chunk_scalars(r, r, cs, eos, h, H, HAS_R, False, C)
     g_incl = tl.cumsum(lr, axis=0)
     g = g_incl - lr
     uc = tl.load(u + t * H + h, mask=valid, other=0.0)
+    rows = tl.arange(0, C)
     lower = rows[:, None] > rows[None, :]
     m = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * uc[None, :]
-    x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-    d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kt * kt, input_precision=PREC)
-    tl.store(d_all + (t[:, None] * H + h) * K + offs[None, :], d, mask=m2)
+    for k0 in range(0, BK, KB):
+        offs = k0 + tl.arange(0, KB)
+        m2 = valid[:, None] & (offs[None, :] < K)
+        ptr = (t[:, None] * H + h) * K + offs[None, :]
+        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+        x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
+        d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kb * kb, input_precision=PREC)
+        tl.store(d_all + ptr, d, mask=m2)
 
 
 @triton.jit
@@ -235,6 +246,7 @@ def phase1_chunk_bwd_prep_kernel(
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
+    KB: tl.constexpr,
 ):
     """Per chunk: with P = (I + L)⁻¹, Tp = Pᵀ diag(e^{Γ − γ̄}), pᵍ = Pᵀ (Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩)_i and
     hᵍ = Σ_j e^{γ_j} g_j."""
@@ -243,22 +255,34 @@ def phase1_chunk_bwd_prep_kernel(
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
-    t, valid, _, a, _, _, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
-                                                          HAS_R, BETA_AWARE, NORMALIZE, C, BK)
+    t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
+    g_incl = tl.cumsum(lr, axis=0)
+    g = g_incl - lr
+    gram = tl.zeros([C, C], dtype=tl.float32)
+    a_gd = tl.zeros([C, C], dtype=tl.float32)
+    a_sum = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, BK, KB):  # A Aᵀ, A Gᵀ and hᵍ over blocks of KB channels
+        offs = k0 + tl.arange(0, KB)
+        m2 = valid[:, None] & (offs[None, :] < K)
+        ptr = (t[:, None] * H + h) * K + offs[None, :]
+        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+        gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
+        ab = kb * kb
+        gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
+        a_gd += tl.dot(ab, tl.trans(gb), input_precision=PREC)
+        a_sum += tl.sum(ab, axis=1)
+        tl.store(hg + (ci * H + h) * K + offs, tl.sum(tl.exp(g)[:, None] * gb, axis=0), mask=offs < K)
+    _, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
     rows = tl.arange(0, C)
-    offs = tl.arange(0, BK)
-    m2 = valid[:, None] & (offs[None, :] < K)
-    gd = tl.load(gd_all + (t[:, None] * H + h) * K + offs[None, :], mask=m2, other=0.0).to(tl.float32)
     upper = rows[:, None] < rows[None, :]
     q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
-    rg = tl.sum(q * tl.dot(a, tl.trans(gd), input_precision=PREC), axis=1)
+    rg = tl.sum(q * a_gd, axis=1)
     g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-    inv = _unit_lower_inverse(_gram_decay(a, c, g, g_incl, C, PREC), C, LOG2_C, DOUBLING, PREC)
+    inv = _unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC)
     x = tl.trans(inv * tl.exp(g_end - g_incl)[:, None])
     rg = tl.sum(inv * rg[:, None], axis=0)
     tl.store(tp + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(pg + t * H + h, rg, mask=valid)
-    tl.store(hg + (ci * H + h) * K + offs, tl.sum(tl.exp(g)[:, None] * gd, axis=0), mask=offs < K)
 
 
 @triton.jit
@@ -297,7 +321,7 @@ def phase1_chunk_bwd_state_kernel(
         pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
         hgn = tl.load(hg + ((ci - 1) * H + h) * K + offs, mask=offs < tl.where(more, K, 0), other=0.0)
         tl.store(lam_end + (ci * H + h) * K + offs, lam, mask=mask)
-        _, a, _, c, _, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
+        a, _, c, _, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
         pc = pg_c + tl.sum(tp_c * tl.sum(a * lam[None, :], axis=1)[None, :], axis=1)
         tl.store(p + t * H + h, pc, mask=valid)
         g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
@@ -312,39 +336,55 @@ def phase1_chunk_bwd_out_kernel(
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
+    KB: tl.constexpr,
 ):
     """Per chunk: λ_{t+1} = e^{Γ − γ̄_i} λ_end + Σ_{j>i} e^{γ_j − γ̄_i} (g_j − c_j p_j a_j), then the local
-    gradients of token t (module docstring of phase1)."""
+    gradients of token t (module docstring of phase1). Two passes over blocks of KB channels: s_t and ‖k_t‖²,
+    then λ_{t+1} and ∂k_t."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
-    t, valid, kt, a, b, nu, c, e, g, g_incl = _chunk_tokens(k, beta, r, eta_h, cs, eos, h, H, K, eps,
-                                                            HAS_R, BETA_AWARE, NORMALIZE, C, BK)
-    rows = tl.arange(0, C)
-    offs = tl.arange(0, BK)
-    m2 = valid[:, None] & (offs[None, :] < K)
-    ptr = (t[:, None] * H + h) * K + offs[None, :]
-    gd = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
-    d = tl.load(d_all + ptr, mask=m2, other=0.0)
+    t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
+    s = tl.zeros([C], dtype=tl.float32)
+    a_sum = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, BK, KB):
+        offs = k0 + tl.arange(0, KB)
+        m2 = valid[:, None] & (offs[None, :] < K)
+        ptr = (t[:, None] * H + h) * K + offs[None, :]
+        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+        ab = kb * kb
+        s += tl.sum(tl.load(d_all + ptr, mask=m2, other=0.0) * ab, axis=1)
+        a_sum += tl.sum(ab, axis=1)
+    nu, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
+    w = e * (1.0 - b * s)
     pc = tl.load(p + t * H + h, mask=valid, other=0.0)
+    rows = tl.arange(0, C)
     upper = rows[:, None] < rows[None, :]
     q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
     g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-    lam = tl.load(lam_end + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-    mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gd, input_precision=PREC) \
-        - tl.dot(q * (c * pc)[None, :], a, input_precision=PREC)
-    s = tl.sum(d * a, axis=1)
-    w = e * (1.0 - b * s)
-    da = w[:, None] * mu - (c * pc)[:, None] * d
-    if NORMALIZE:
-        da = da - (w * pc * nu)[:, None]
-    tl.store(dk + ptr, 2.0 * kt * da, mask=m2)
+    dr_acc = tl.zeros([C], dtype=tl.float32)
+    for k0 in range(0, BK, KB):
+        offs = k0 + tl.arange(0, KB)
+        m2 = valid[:, None] & (offs[None, :] < K)
+        ptr = (t[:, None] * H + h) * K + offs[None, :]
+        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+        ab = kb * kb
+        gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
+        d = tl.load(d_all + ptr, mask=m2, other=0.0)
+        lam = tl.load(lam_end + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
+        mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gb, input_precision=PREC) \
+            - tl.dot(q * (c * pc)[None, :], ab, input_precision=PREC)
+        da = w[:, None] * mu - (c * pc)[:, None] * d
+        if NORMALIZE:
+            da = da - (w * pc * nu)[:, None]
+        tl.store(dk + ptr, 2.0 * kb * da, mask=m2)
+        dr_acc += tl.sum(mu * d, axis=1)
     if BETA_AWARE:
         tl.store(dbeta + t * H + h, pc * eta_h * (1.0 - 2.0 * b * s) * nu, mask=valid)
     if HAS_R:
-        tl.store(dr + t * H + h, tl.sum(mu * d, axis=1), mask=valid)
+        tl.store(dr + t * H + h, dr_acc, mask=valid)
     tl.store(deta + t * H + h, pc * b * (1.0 - b * s) * nu, mask=valid)
 
 
@@ -366,8 +406,9 @@ def chunk_table(B: int, T: int, cu_seqlens: torch.Tensor | None, C: int, device)
 
 
 def _tile_warps(C: int, BK: int) -> int:
-    """Warps of the chunk-parallel kernels: 8 once a [C, BK] float32 tile passes 8192 elements (their several
-    live tiles would otherwise spill registers), else 4. A first guess, to be tuned on the GPU."""
+    """Warps of the chunk kernels: 8 once a [C, BK] tile reaches 8192 elements, else 4. Chosen from ptxas's
+    register/stack report for sm_90 (compiled here without a GPU): at C = 64, K = 128 the state pass (whole
+    [C, K] tiles, the next chunk prefetched) spills with 4 warps and does not with 8. To be timed on the GPU."""
     return 8 if C * BK >= 8192 else 4
 
 
@@ -402,14 +443,16 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
     solve = _solver_flags(C, solver, precision)
     phase1_chunk_prep_kernel[(NC, H)](
-        k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve, num_warps=_tile_warps(C, BK),
+        k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve, KB=min(BK, 32),
+        num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_state_kernel[(N, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
-        T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags,
+        T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_out_kernel[(NC, H)](
-        k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision, num_warps=_tile_warps(C, BK),
+        k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision, KB=min(BK, 32),
+        num_warps=_tile_warps(C, BK),
     )
     return d_all, d_final
 
@@ -444,14 +487,14 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     solve = _solver_flags(C, solver, precision)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         k, beta, r_, eta, gd_all, seq, start, cu, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
-        num_warps=_tile_warps(C, BK),
+        KB=min(BK, 32), num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
-        T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags,
+        T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags, num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
-        deta, T, H, K, EPS, **gains, **flags, **solve, num_warps=_tile_warps(C, BK),
+        deta, T, H, K, EPS, **gains, **flags, **solve, KB=min(BK, 32), num_warps=_tile_warps(C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)
