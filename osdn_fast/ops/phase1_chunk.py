@@ -412,6 +412,12 @@ def _tile_warps(C: int, BK: int) -> int:
     return 8 if C * BK >= 8192 else 4
 
 
+def _k_block(C: int, BK: int) -> int:
+    """Key channels per block in the parallel kernels: 32, or 16 from C = 64 on (no spills in ptxas's sm_90
+    report at K = 128 with the default ieee precision; whole-K tiles spilled kilobytes)."""
+    return min(BK, 32 if C <= 32 else 16)
+
+
 def _solver_flags(chunk_size: int, solver: str, precision: str) -> dict:
     if chunk_size < 16 or chunk_size & (chunk_size - 1):
         raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
@@ -443,7 +449,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
     solve = _solver_flags(C, solver, precision)
     phase1_chunk_prep_kernel[(NC, H)](
-        k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve, KB=min(BK, 32),
+        k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK),
         num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_state_kernel[(N, H)](
@@ -451,7 +457,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
         T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_out_kernel[(NC, H)](
-        k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision, KB=min(BK, 32),
+        k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision, KB=_k_block(C, BK),
         num_warps=_tile_warps(C, BK),
     )
     return d_all, d_final
@@ -487,7 +493,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     solve = _solver_flags(C, solver, precision)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         k, beta, r_, eta, gd_all, seq, start, cu, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
-        KB=min(BK, 32), num_warps=_tile_warps(C, BK),
+        KB=_k_block(C, BK), num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
@@ -495,6 +501,6 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
-        deta, T, H, K, EPS, **gains, **flags, **solve, KB=min(BK, 32), num_warps=_tile_warps(C, BK),
+        deta, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK), num_warps=_tile_warps(C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)
