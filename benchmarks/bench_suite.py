@@ -30,7 +30,7 @@ import torch
 SHAPES = [(8, 2048, 16, 128), (4, 4096, 16, 128), (2, 8192, 16, 128), (1, 16384, 16, 128), (2, 4096, 32, 64)]
 T_SWEEP = [(2, T, 16, 128) for T in (1024, 2048, 4096, 8192, 16384)]
 SMOKE_SHAPES = [(1, 40, 2, 16)]
-REF_MAX_TOKENS = 4 * 4096  # B*T above which the PyTorch reference is not timed
+REF_MAX_TOKENS = 8 * 2048  # B*T above which the PyTorch reference is not timed (its phase 1 loops in Python)
 
 
 def make_inputs(B, T, H, D, dtype, device, gate, apf, seed=0):
@@ -111,10 +111,15 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
         fwd = lambda: call()  # noqa: E731
         fwdbwd = lambda: call().backward(do)  # noqa: E731
         for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
-            with torch.no_grad() if mode == "fwd" else torch.enable_grad():
-                ms = timed(fn, grads, smoke)
-                mem = peak_memory(fn, device)
-            rows.append(dict(shape=f"{B}x{T}x{H}x{D}", B=B, T=T, H=H, D=D, impl=name, kind=kind, mode=mode,
+            note = None
+            try:
+                with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+                    ms = timed(fn, grads, smoke)
+                    mem = peak_memory(fn, device)
+            except RuntimeError as err:  # fla refuses its gated backward on Hopper with Triton 3.4-3.7.0 (#640)
+                ms, mem, note = float("nan"), float("nan"), str(err).splitlines()[0][:200]
+                print(f"{name} {mode} refused: {note}", flush=True)
+            rows.append(dict(shape=f"{B}x{T}x{H}x{D}", B=B, T=T, H=H, D=D, impl=name, kind=kind, mode=mode, note=note,
                              ms=ms, tokens_per_s=B * T / (ms * 1e-3) if ms == ms else float("nan"),
                              gbs=min_bytes(B, T, H, D, mode == "fwdbwd") / (ms * 1e-3) / 1e9 if ms == ms else float("nan"),
                              peak_mib=mem))
