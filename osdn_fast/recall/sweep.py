@@ -139,7 +139,7 @@ def run_sweep(runs: list[tuple[str, str, RunConfig]], out, *, preset_name: str, 
     """Run every (setting, model, cfg) and return the summary rows; see the module docstring."""
     device = runs[0][2].device if runs else "cpu"
     rank, world, rank_device = _init_distributed(device)
-    meta = dict(preset=preset_name, config=preset, command=" ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+    meta = dict(preset=preset_name, config=preset, command=" ".join(["osdn-recall"] + sys.argv[1:]), argv0=sys.argv[0],
                 date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 world_size=world, workers=workers, max_minutes=max_minutes, **environment(device))
     meta["eta_note"] = (f"eta = {preset['eta']} for every preconditioned model (SPEC default 0.003; "
