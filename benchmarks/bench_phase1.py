@@ -4,6 +4,8 @@ GPU run (the numbers issue 6 asks for):
     python benchmarks/bench_phase1.py --out benchmarks/results/phase1_h200.json
 Script check on the CPU (tiny shapes, Triton interpreter, wall-clock medians):
     python benchmarks/bench_phase1.py --smoke --out /tmp/phase1_smoke.json
+Registers and spills of every kernel for sm_90, compiled on any machine (no GPU, no timing):
+    python benchmarks/bench_phase1.py --ptxas --out /tmp/phase1_ptxas.json
 
 Rows: shape (B, T, H, K) and variant: seq, seq+clip, and chunk<C>-<solver>-<precision> for every chunk size,
 solver and tl.dot precision asked for; each without and with the APF gate r (+apf). Per row: median milliseconds
@@ -25,7 +27,9 @@ import time
 import torch
 
 SMOKE = "--smoke" in sys.argv
-if SMOKE or not torch.cuda.is_available():
+if "--ptxas" in sys.argv:
+    os.environ.pop("TRITON_INTERPRET", None)  # compile for real (the interpreter compiles nothing)
+elif SMOKE or not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
@@ -114,6 +118,57 @@ def bench_shape(shape, dtype, device, configs, cuda):
     return rows
 
 
+def ptxas_report(chunk_sizes, solvers, precisions, K=128):
+    """Registers and stack (spills) per thread of every phase-1 kernel, compiled for sm_90 without a GPU
+    (triton.compile to a cubin, then cuobjdump -res-usage from Triton's bundled CUDA tools)."""
+    import re
+    import subprocess
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from osdn_fast.ops import phase1 as seq, phase1_chunk as chk
+
+    tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    types = dict(T="i32", H="i32", K="i32", eps="fp32", d_min="fp32", d_max="fp32", k="*bf16", beta="*bf16",
+                 cu_seqlens="*i32", chunk_seq="*i32", chunk_start="*i32", chunk_offsets="*i32")
+
+    def usage(fn, constexprs, num_warps):
+        signature = {n: "constexpr" if n in constexprs else types.get(n, "*fp32") for n in fn.arg_names}
+        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                                options=dict(num_warps=num_warps))
+        path = f"/tmp/{fn.__name__}.cubin"
+        with open(path, "wb") as f:
+            f.write(kernel.asm["cubin"])
+        out = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", path], capture_output=True, text=True)
+        regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", out.stdout).groups()
+        return dict(kernel=fn.__name__, num_warps=num_warps, registers=int(regs), stack_bytes=int(stack),
+                    shared_bytes=kernel.metadata.shared, **{k: v for k, v in constexprs.items() if k in ("C", "PREC")})
+
+    BK = seq._block_k(K)
+    flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=False, BK=BK)
+    rows = [usage(seq.phase1_fwd_seq_kernel, dict(flags, HAS_D0=True, HAS_MIN=True, HAS_MAX=True), seq._seq_warps(BK)),
+            usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=True,
+                                                  HAS_GD_FINAL=True), seq._seq_warps(BK))]
+    for C in chunk_sizes:
+        warps, kb = chk._tile_warps(C, BK), dict(KB=chk._k_block(C, BK))
+        for solver in solvers:
+            for prec in precisions:
+                solve = chk._solver_flags(C, solver, prec)
+                tiled = dict(flags, C=C)
+                rows += [usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb), warps),
+                         usage(chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=False, C=C, BK=BK, PREC=prec,
+                                                                 **kb), warps),
+                         usage(chk.phase1_chunk_bwd_prep_kernel, dict(tiled, **solve, **kb), warps),
+                         usage(chk.phase1_chunk_bwd_out_kernel, dict(tiled, **solve, **kb), warps)]
+                rows[-4]["solver"] = rows[-2]["solver"] = solver
+        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True), warps),
+                 usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True), warps)]
+    for row in rows:
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -122,7 +177,16 @@ def main():
     parser.add_argument("--chunk-sizes", default="32,64,128", help="comma-separated chunk sizes (powers of two >= 16)")
     parser.add_argument("--solvers", default=",".join(SOLVERS), help="comma-separated chunk solvers")
     parser.add_argument("--precisions", default="ieee,tf32x3", help="comma-separated tl.dot input precisions")
+    parser.add_argument("--ptxas", action="store_true",
+                        help="no timing: compile every kernel for sm_90 (no GPU needed) and report registers/spills")
     args = parser.parse_args()
+    if args.ptxas:
+        rows = ptxas_report([int(c) for c in args.chunk_sizes.split(",")], args.solvers.split(","),
+                            args.precisions.split(","))
+        with open(args.out, "w") as f:
+            json.dump(dict(triton=triton.__version__, target="cuda sm_90", K=128, rows=rows), f, indent=1)
+        print(f"wrote {args.out}")
+        return
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
     dtype = getattr(torch, args.dtype)
