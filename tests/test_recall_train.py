@@ -70,7 +70,7 @@ def test_cli_tiny_short_schedule(tmp_path, capsys):
     assert {r["model"] for r in rows} == {"deltanet", "osdn-ba", "apf-ba"}
     assert "accuracy" in printed and "osdn-ba" in printed
     data = json.loads((tmp_path / "results.json").read_text())
-    assert data["complete"] and len(data["runs"]) == 3 and data["preset"] == "tiny"
+    assert data["complete"] and len(data["runs"]) == 6 and data["preset"] == "tiny"
     for key in ("date", "command", "device", "versions", "wall_time_s", "eta_note"):
         assert key in data
     assert all(0 <= r["q_geo"] <= 1 for r in data["runs"])
