@@ -8,12 +8,12 @@ import sys
 import pytest
 
 from osdn_fast.recall import RecallTask, RunConfig, train_run
-from osdn_fast.recall.cli import build_preset, main, parse_args
+from osdn_fast.recall.cli import build_preset, main, parse_args, run
 from osdn_fast.recall.presets import MODELS, PRESETS, expand
 from osdn_fast.recall.report import summarize, table
 from osdn_fast.recall.train import ModelSpec, lr_at
 
-SHORT = ["--steps", "3", "--eval-every", "3", "--num-train", "64", "--num-test", "32", "--quiet"]
+SHORT = ["--steps", "3", "--eval-every", "3", "--num-train", "64", "--num-test", "32", "--quiet", "--seeds", "0"]
 
 
 def test_lr_schedule_warmup_then_cosine():
@@ -65,12 +65,13 @@ def test_summary_picks_best_lr_and_relative_change():
 
 
 def test_cli_tiny_short_schedule(tmp_path, capsys):
-    rows = main(["--out", str(tmp_path)] + SHORT)
+    assert main(["--out", str(tmp_path / "exit")] + SHORT) == 0  # console-script exit status
+    rows = run(["--out", str(tmp_path)] + SHORT)
     printed = capsys.readouterr().out
     assert {r["model"] for r in rows} == {"deltanet", "osdn-ba", "apf-ba"}
     assert "accuracy" in printed and "osdn-ba" in printed
     data = json.loads((tmp_path / "results.json").read_text())
-    assert data["complete"] and len(data["runs"]) == 6 and data["preset"] == "tiny"
+    assert data["complete"] and len(data["runs"]) == 3 and data["preset"] == "tiny"
     for key in ("date", "command", "device", "versions", "wall_time_s", "eta_note"):
         assert key in data
     assert all(0 <= r["q_geo"] <= 1 for r in data["runs"])
@@ -100,9 +101,9 @@ def test_torchrun_gloo_two_processes(tmp_path):
 
 def test_workers_and_failed_runs_are_recorded(tmp_path):
     """Two worker processes share the runs; a run that raises is recorded as failed, the sweep goes on."""
-    rc = main(["--out", str(tmp_path), "--workers", "2", "--models", "deltanet", "osdn-bf"] + SHORT)
+    rc = run(["--out", str(tmp_path), "--workers", "2", "--models", "deltanet", "osdn-bf"] + SHORT)
     data = json.loads((tmp_path / "results.json").read_text())
     assert data["workers"] == 2 and len(data["runs"]) == 2 and not data["failed"] and len(rc) == 2
-    bad = main(["--out", str(tmp_path / "bad"), "--models", "deltanet"] + SHORT + ["--num-test", "0"])
+    bad = run(["--out", str(tmp_path / "bad"), "--models", "deltanet"] + SHORT + ["--num-test", "0"])
     data = json.loads((tmp_path / "bad" / "results.json").read_text())
     assert bad == [] and len(data["failed"]) == 1 and "ValueError" in data["failed"][0]["error"]

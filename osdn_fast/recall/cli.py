@@ -57,7 +57,8 @@ def build_preset(args: argparse.Namespace) -> dict:
     return preset
 
 
-def main(argv=None) -> list[dict]:
+def run(argv=None) -> list[dict]:
+    """Parse the arguments, run the sweep, print the table on rank 0; return the summary rows."""
     matplotlib.use("Agg")
     from .sweep import run_sweep
 
@@ -78,6 +79,12 @@ def main(argv=None) -> list[dict]:
     print(f"\neta = {preset['eta']} (preconditioned models); -ba beta-aware, -bf beta-free gradient form")
     print(f"wall time {time.time() - start:.0f} s; results in {out}/results.json")
     return rows
+
+
+def main(argv=None) -> int:
+    """Console-script entry point: exit status 0 (the rows are in results.json)."""
+    run(argv)
+    return 0
 
 
 if __name__ == "__main__":
