@@ -9,7 +9,7 @@ Three ways to run, by what the launcher gives:
   CPU) and rank 0 writes the results.
 results.json is rewritten after every finished run, so a sweep cut short still leaves its data.
 A time budget stops new runs from starting; runs in flight are stopped at the budget plus a grace period
-and recorded as truncated (left out of the summary).
+and recorded as truncated (left out of the summary). The budget is ignored under torchrun.
 """
 from __future__ import annotations
 
@@ -146,7 +146,8 @@ def run_sweep(runs: list[tuple[str, str, RunConfig]], out, *, preset_name: str, 
                         "recall experiments may use a larger eta)")
     sweep = Sweep(out, meta, write=rank == 0)
     sweep.total = len(runs)
-    deadline = None if max_minutes is None else time.time() + 60 * max_minutes
+    # Under DDP the ranks' clocks could disagree on the budget and leave one rank waiting in a collective.
+    deadline = None if max_minutes is None or world > 1 else time.time() + 60 * max_minutes
     say = echo if rank == 0 else (lambda *_: None)
     say(f"{len(runs)} runs, device {meta['device']}, world {world}, workers {workers}")
     if workers > 1 and world == 1:
