@@ -125,18 +125,21 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
                              peak_mib=mem))
             print(f"{rows[-1]['shape']:>16} {name:>20} {mode:>6} {ms:9.3f} ms", flush=True)
 
-    names = ["osdn_gdn_clip", "osdn"] if sweep_only else list(osdn_variants())
+    names = ["osdn_clip"] if sweep_only else list(osdn_variants())
     for name in names:
         gate, apf, extra = osdn_variants()[name]
         x, do = make_inputs(B, T, H, D, dtype, device, gate, apf)
         leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "beta")]
         call = lambda x=x, extra=extra: osdn_fast.chunk_osdn(**x, eta=eta, **extra)[0]  # noqa: E731
         run(name, "osdn_fast", call, leaves, do)
-        if not sweep_only and name in ("osdn_clip", "osdn_apf_clip"):
+        if not sweep_only and name in ("osdn", "osdn_clip", "osdn_apf_clip"):
             k, beta = x["k"], x["beta"]
             p1 = lambda k=k, beta=beta, r=x["r"], extra=extra: preconditioner_scan(  # noqa: E731
                 k, beta, eta=eta, r=r, **extra)[0]
             run(f"phase1[{name}]", "phase1", p1, [k, beta], torch.ones(B, T, H, D, device=device))
+        if not sweep_only and name == "osdn":  # the chunk-parallel phase 1 (no clip), opt-in
+            p1c = lambda k=k, beta=beta: preconditioner_scan(k, beta, eta=eta, chunked=True)[0]  # noqa: E731
+            run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn" and B * T <= REF_MAX_TOKENS:
             call_ref = lambda x=x: osdn_ref.chunk_osdn(**x, eta=eta)[0]  # noqa: E731
             run("osdn_ref", "pytorch", call_ref, leaves, do)
@@ -197,16 +200,6 @@ def main(argv=None):
     if not have_fla:
         print("fla is not importable here (or no GPU): its baselines are skipped", flush=True)
 
-    rows = []
-    for shape in SMOKE_SHAPES if args.smoke else SHAPES:
-        bench_shape(shape, dtype, device, args.smoke, have_fla, rows)
-    sweep_rows = []
-    for shape in SMOKE_SHAPES if args.smoke else T_SWEEP:
-        bench_shape(shape, dtype, device, args.smoke, have_fla, sweep_rows, sweep_only=True)
-    for r in sweep_rows:
-        r["sweep"] = True
-    rows += sweep_rows
-
     import triton
 
     meta = dict(
@@ -218,15 +211,31 @@ def main(argv=None):
         dtype=str(dtype), copy_ceiling_gbs=copy_ceiling_gbs(device, args.smoke),
         timing="triton.testing.do_bench, median, warmup 25 ms, rep 100 ms",
     )
+    rows = []
+    plan = [(shape, False) for shape in (SMOKE_SHAPES if args.smoke else SHAPES)]
+    plan += [(shape, True) for shape in (SMOKE_SHAPES if args.smoke else T_SWEEP)]
+    for i, (shape, sweep) in enumerate(plan):
+        new = []
+        bench_shape(shape, dtype, device, args.smoke, have_fla, new, sweep_only=sweep)
+        for r in new:
+            r["sweep"] = sweep
+        rows += new
+        write(args.out, meta, rows, complete=i == len(plan) - 1)
+
+
+def write(out, meta, rows, complete):
+    """Rewrite the JSON and CSV after every shape, so a run cut short keeps what it measured."""
     slopes = {f"{impl}/{mode}": fit_slope(rows, impl, mode)
-              for impl in ("osdn_gdn_clip", "osdn", "fla_delta_rule") for mode in ("fwd", "fwdbwd")}
-    result = dict(meta=meta, rows=rows, summary=summarise(rows), t_sweep_loglog_slope=slopes)
-    with open(os.path.join(args.out, "bench_suite.json"), "w") as f:
+              for impl in ("osdn_clip", "fla_delta_rule") for mode in ("fwd", "fwdbwd")}
+    result = dict(meta=meta, complete=complete, rows=rows, summary=summarise(rows), t_sweep_loglog_slope=slopes)
+    with open(os.path.join(out, "bench_suite.json"), "w") as f:
         json.dump(result, f, indent=1)
-    with open(os.path.join(args.out, "bench_suite.csv"), "w", newline="") as f:
+    with open(os.path.join(out, "bench_suite.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=sorted({k for r in rows for k in r}))
         w.writeheader()
         w.writerows(rows)
+    if not complete:
+        return
     print(json.dumps(meta))
     print("T-sweep log-log slopes:", json.dumps(slopes))
     for s in result["summary"]:

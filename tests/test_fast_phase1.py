@@ -223,7 +223,7 @@ def test_zero_retention(chunked):
 def test_chunk_size_must_be_a_power_of_two():
     k = torch.randn(1, 4, 1, 4, device=DEVICE)
     with pytest.raises(ValueError, match="chunk_size"):
-        preconditioner_scan(k, torch.rand(1, 4, 1, device=DEVICE), eta=0.1, chunk_size=24)
+        preconditioner_scan(k, torch.rand(1, 4, 1, device=DEVICE), eta=0.1, chunk_size=24, chunked=True)
 
 
 def test_chunked_refuses_the_clip():

@@ -266,7 +266,7 @@ def preconditioner_scan(
     beta_aware: bool = True,
     normalize: bool = True,
     cu_seqlens: torch.Tensor | None = None,
-    chunked: bool | None = None,
+    chunked: bool = False,
     chunk_size: int = 64,
     solver: str = "substitution",
     dot_precision: str = "ieee",
@@ -274,17 +274,15 @@ def preconditioner_scan(
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
-    with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=None` uses the chunk-parallel
-    forward (chunks of `chunk_size`, a power of two ≥ 16) when there is no clip, the sequential scan
-    otherwise; the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
+    with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=True` uses the chunk-parallel
+    forward (chunks of `chunk_size`, a power of two ≥ 16; no clip), else the sequential scan (the default:
+    on the H200 it measured faster, see benchmarks/NOTES.md); the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
     each chunk's (I + L)⁻¹; `dot_precision` is tl.dot's input_precision ("ieee"; "tf32x3" on GPUs, to be
     measured). Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):
         eta = torch.full((H,), float(eta), dtype=torch.float32, device=k.device)
-    if chunked is None:
-        chunked = d_min is None and d_max is None
     if chunked and (d_min is not None or d_max is not None):
         raise ValueError("the chunk-parallel phase 1 has no clip: use chunked=False with d_min/d_max")
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
