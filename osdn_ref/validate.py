@@ -11,6 +11,9 @@ from dataclasses import dataclass
 import torch
 
 
+_UNCHUNKED = object()  # chunk_size of an op that has none (the token loop)
+
+
 @dataclass(frozen=True)
 class Dims:
     """Sizes of one call: batch B, length T, heads H, key dim K, value dim V, sequences N."""
@@ -54,7 +57,7 @@ def validate_inputs(
     d_min: float | None = None,
     d_max: float | None = None,
     cu_seqlens: torch.Tensor | None = None,
-    chunk_size: int | None = None,
+    chunk_size=_UNCHUNKED,
     max_k: int | None = None,
     max_v: int | None = None,
 ) -> Dims:
@@ -97,13 +100,17 @@ def validate_inputs(
         raise ValueError(f"scale must be a finite float or None, got {scale!r}")
     if d_min is not None and d_max is not None and d_min > d_max:
         raise ValueError(f"d_min must not exceed d_max, got d_min={d_min}, d_max={d_max}")
-    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+    if chunk_size is not _UNCHUNKED and (not isinstance(chunk_size, int) or isinstance(chunk_size, bool)
+                                         or chunk_size < 1):
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
 
     N = B
     if cu_seqlens is not None:
         if not isinstance(cu_seqlens, torch.Tensor) or cu_seqlens.dim() != 1 or cu_seqlens.is_floating_point():
             raise ValueError("cu_seqlens must be a 1-D integer tensor of shape [N+1]")
+        if cu_seqlens.device != q.device:
+            raise ValueError(f"cu_seqlens is on {cu_seqlens.device} but q is on {q.device}: "
+                             "all inputs must share one device")
         if B != 1:
             raise ValueError(f"cu_seqlens needs q of shape [1, T, H, K] (packed sequences), got batch B = {B}")
         if cu_seqlens.numel() < 2:

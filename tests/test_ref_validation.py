@@ -101,6 +101,8 @@ PACKED_CASES = [
     ("cu_seqlens a list", lambda x: x.update(cu_seqlens=[0, 2, T]), "cu_seqlens"),
     ("cu_seqlens off the tensors' device",
      lambda x: x.update(**{n: x[n].to("meta") for n in ("q", "k", "v", "beta")}), "cu_seqlens"),
+    ("cu_seqlens on another device", lambda x: x.update(cu_seqlens=torch.tensor([0, 2, T], device="meta")),
+     "cu_seqlens"),
     ("S0 per batch row, not per sequence", lambda x: x.update(initial_state=(S0(1), None)), "S0"),
     ("d0 per batch row, not per sequence", lambda x: x.update(initial_state=(None, d0(1))), "d0"),
 ]
@@ -137,7 +139,7 @@ def test_malformed_input_raises_value_error(op, case, change, name):
         assert "[" in str(info.value), "the message states the expected shape"
 
 
-@pytest.mark.parametrize("chunk_size", [0, -1, 2.0])
+@pytest.mark.parametrize("chunk_size", [0, -1, 2.0, None, True])
 def test_chunk_size_must_be_a_positive_int(chunk_size):
     with pytest.raises(ValueError, match="chunk_size"):
         chunk_osdn(**valid(), chunk_size=chunk_size)
