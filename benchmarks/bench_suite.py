@@ -159,8 +159,9 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
 
 
 def summarise(rows):
-    """Ratios of medians against fla's chunk_delta_rule at each shape and mode, and phase 1's share."""
-    by = {(r["shape"], r["impl"], r["mode"]): r["ms"] for r in rows}
+    """Ratios of medians against fla's chunk_delta_rule at each main shape and mode, and phase 1's share
+    (the T-sweep rows are summarised by their log-log slope instead)."""
+    by = {(r["shape"], r["impl"], r["mode"]): r["ms"] for r in rows if not r.get("sweep")}
     out = []
     for (shape, impl, mode), ms in by.items():
         base = by.get((shape, "fla_delta_rule", mode))
