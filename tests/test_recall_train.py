@@ -80,10 +80,10 @@ def test_cli_tiny_short_schedule(tmp_path, capsys):
 
 def test_cli_overrides():
     preset = build_preset(parse_args(["--preset", "gpu", "--steps", "10", "--seeds", "5", "--models", "gdn",
-                                      "--settings", "T128-P32-x2", "--workers", "2", "--device", "cpu"]))
+                                      "--settings", "T256-P64-x2", "--workers", "2", "--device", "cpu"]))
     assert preset["base"]["steps"] == 10 and preset["base"]["eval_every"] == 10
     assert preset["seeds"] == [5] and preset["models"] == ["gdn"] and preset["workers"] == 2
-    assert [s["name"] for s in preset["settings"]] == ["T128-P32-x2"]
+    assert [s["name"] for s in preset["settings"]] == ["T256-P64-x2"]
     assert PRESETS["gpu"]["base"]["steps"] != 10  # the table of presets is not modified
 
 
