@@ -19,28 +19,41 @@ SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100/H200 block may use
 def jobs(K, V, chunk_size=64):
     """(kernel, constexprs, arguments passed as None, launch options): the launches of osdn_fast.ops.chunk."""
     from osdn_fast.ops import cumsum, output, state, wy
-    from osdn_fast.ops.common import block_dims, launch_options
+    from osdn_fast.ops.common import block_dims, launch
 
     BK, BV = block_dims(K, V)
     BKS = min(BK, 64)  # the key slice of the two backward kernels
-    dims = dict(K=K, V=V, BT=chunk_size, BK=BK, BV=BV)
+
+    def stage(name, bk=BK, **flags):
+        bv, options = launch(name, bk, BV)
+        return dict(K=K, V=V, BT=chunk_size, BK=bk, BV=bv, **flags), options
+
     out = [(cumsum.chunk_cumsum_kernel, dict(BT=chunk_size, REVERSE=rev), (), {}) for rev in (False, True)]
     for has_g in (False, True):
         none = () if has_g else ("G", "dg_in", "dg")
-        out += [
-            (wy.wy_fwd_kernel, dict(dims, HAS_G=has_g), none, launch_options(BK)),
-            (wy.wy_bwd_kernel, dict(dims, BK=BKS, HAS_G=has_g), none, launch_options(BK)),
-            (state.state_fwd_kernel, dict(dims, HAS_G=has_g, HAS_S0=True, STORE_FINAL=True), none, launch_options(BK)),
-            (state.state_bwd_kernel, dict(dims, HAS_G=has_g, HAS_DSF=True), none, launch_options(BK)),
-            (output.output_fwd_kernel, dict(dims, HAS_G=has_g), none, launch_options(BK)),
-            (output.output_bwd_local_kernel, dict(dims, HAS_G=has_g), none, launch_options(BK)),
-            (output.output_bwd_kernel, dict(dims, BK=BKS, HAS_G=has_g), none, launch_options(BKS)),
-        ]
+        for kernel, name, bk, flags in (
+            (wy.wy_fwd_kernel, "wy_fwd", BK, dict(SOLVE=True)),
+            (wy.wy_fwd_kernel, "wy_fwd", BK, dict(SOLVE=False)),
+            (wy.wy_bwd_kernel, "wy_bwd", BKS, {}),
+            (state.state_fwd_kernel, "state_fwd", BK, dict(HAS_S0=True, STORE_FINAL=True)),
+            (state.state_bwd_kernel, "state_bwd", BK, dict(HAS_DSF=True)),
+            (output.output_fwd_kernel, "output_fwd", BK, {}),
+            (output.output_bwd_local_kernel, "output_bwd_local", BK, {}),
+            (output.output_bwd_kernel, "output_bwd", BKS, {}),
+        ):
+            constexprs, options = stage(name, bk, HAS_G=has_g, **flags)
+            out.append((kernel, constexprs, none, options))
     return out
 
 
+# Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
+# the rest (gates' cumulative sums, states in and out, the float32 gradients) are float32.
+INPUT_DTYPE = {"q", "k", "kt", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
+               "du_local"}
+
+
 def signature(kernel, constexprs, none_args, dtype):
-    """Argument types: inputs (q, k, v, β, ∂o, o, g) in `dtype`, indices int32, the rest float32 pointers."""
+    """Argument types: INPUT_DTYPE pointers in `dtype`, indices int32, the rest float32 pointers."""
     types, consts = {}, {}
     for name in kernel.arg_names:
         if name in constexprs or name in none_args:
@@ -52,7 +65,7 @@ def signature(kernel, constexprs, none_args, dtype):
         elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets"):
             types[name] = "*i32"
         else:
-            types[name] = f"*{dtype}" if name in ("q", "k", "v", "beta", "do", "o", "g", "x") else "*fp32"
+            types[name] = f"*{dtype}" if name in INPUT_DTYPE else "*fp32"
     return types, consts
 
 
@@ -74,7 +87,8 @@ def main(argv=None):
             for kernel, constexprs, none_args, options in jobs(D, D):
                 types, consts = signature(kernel, constexprs, none_args, dtype)
                 t = time.perf_counter()
-                label = f"K=V={D:<4d} {dtype:4s} {kernel.__name__:24s} HAS_G={constexprs.get('HAS_G', '-')!s:5s}"
+                label = (f"K=V={D:<4d} {dtype:4s} {kernel.__name__:24s} HAS_G={constexprs.get('HAS_G', '-')!s:5s}"
+                         f" BV={constexprs.get('BV', '-')!s:3s} {options}")
                 try:
                     compiled = triton.compile(triton.compiler.ASTSource(kernel, types, consts), target=target,
                                               options=options)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -39,6 +40,16 @@ SMOKE_VARLEN = [((0, 5, 40, 71), 2, 16)]
 SMOKE_TIMING_SHAPE = (1, 64, 2, 16)
 OPTIONS = dict(eta=0.5, d_min=2 / 3, d_max=1.5)  # a large η so that d moves; the authors' clip
 UNCLIPPED = dict(eta=0.5)  # phase 1 takes its chunk-parallel path without the clip (run in bfloat16)
+
+
+def kernel_digest() -> str:
+    """sha256 of osdn_fast/ops/*.py (kernels, launch table, glue): the committed validation must match it."""
+    ops = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "osdn_fast", "ops")
+    h = hashlib.sha256()
+    for name in sorted(f for f in os.listdir(ops) if f.endswith(".py")):
+        with open(os.path.join(ops, name), "rb") as f:
+            h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()
 
 
 def make_case(B, T, H, D, dtype, gate, N, device, seed=0):
@@ -124,7 +135,7 @@ def timings(shape, device):
             x[n].requires_grad_()
         do = torch.randn_like(x["v"])
         full = lambda: osdn_fast.chunk_osdn(x["q"], x["k"], x["v"], x["beta"], g=x["g"], **OPTIONS)[0]  # noqa: E731
-        kt = (x["k"].detach().float() * 1.01).requires_grad_()
+        kt = (x["k"].detach() * 1.01).requires_grad_()  # k̃ in k's dtype, as chunk_osdn passes it
         cu = uniform_cu_seqlens(B, T, device)
         pk = lambda t: None if t is None else t.reshape(1, B * T, *t.shape[2:])  # noqa: E731
         phase2 = lambda: ChunkOSDNPhase2.apply(pk(x["q"]), pk(x["k"]), pk(kt), pk(x["v"]), pk(x["beta"]),  # noqa: E731
@@ -159,6 +170,8 @@ def main(argv=None):
     args = parser.parse_args(argv)
     import triton
 
+    from osdn_fast.ops.common import TUNING
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     varlen = SMOKE_VARLEN if args.smoke else VARLEN
@@ -169,7 +182,7 @@ def main(argv=None):
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version(),
         interpreter=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke,
         thresholds=dict(output=OUTPUT_THRESHOLD, gradient=GRAD_THRESHOLD), options=OPTIONS, unclipped=UNCLIPPED,
-        complete=False, all_ok=None, rows=[], timings=[],
+        kernel_digest=kernel_digest(), tuning=TUNING, complete=False, all_ok=None, rows=[], timings=[],
     )
     runs = [(dtype, gate, OPTIONS) for dtype in (torch.bfloat16, torch.float16) for gate in (False, True)]
     runs += [(torch.bfloat16, gate, UNCLIPPED) for gate in (False, True)]

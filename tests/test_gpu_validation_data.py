@@ -1,6 +1,7 @@
 """The committed H200 validation of osdn_fast (book/data/gpu_validation.json, written by
 benchmarks/validate_gpu.py) must show every row under its threshold, with full coverage: a regression on the
 GPU cannot hide behind a CPU-only CI. The file is required: a missing file fails, it does not skip."""
+import importlib.util
 import json
 from pathlib import Path
 
@@ -21,6 +22,16 @@ def test_provenance():
     for key in ("date", "torch", "triton", "cuda"):
         assert result[key], key
     assert result["thresholds"] == {"output": 0.006, "gradient": 0.008}
+
+
+def test_validates_the_current_kernels():
+    """The file was made by the kernels in this tree: any change to osdn_fast/ops (kernels, launch table, glue)
+    needs a new GPU validation run."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "validate_gpu.py"
+    spec = importlib.util.spec_from_file_location("validate_gpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert load().get("kernel_digest") == module.kernel_digest(), "osdn_fast/ops changed since the GPU validation"
 
 
 def test_every_row_under_threshold():

@@ -1,11 +1,12 @@
 """`chunk_osdn` in Triton: phase 1 (the d scan), then the phase-2 WY chunkwise pass as one autograd Function.
 
-    k̃ = d ⊙ k is formed in PyTorch between the phases, so autograd routes ∂k̃ into both d (phase 1) and k.
+    k̃ = d ⊙ k is formed in PyTorch between the phases (rounded to k's dtype), so autograd routes ∂k̃ into
+    both d (phase 1) and k.
 
 Phase 2 (this module's Function) runs on packed sequences [1, ΣT, H, ·]; a fixed-length batch is packed
-as B sequences of length T. Forward: cumsum → wy → state → output. Backward recomputes the forward
-intermediates, then: local ∂Ū (output) → reverse state pass (state) → ∂q, ∂k̃, ∂W (output) → ∂k, ∂k̃, ∂v,
-∂β, ∂G (wy) → ∂g (reverse cumsum).
+as B sequences of length T. Forward: cumsum → wy → state → output; it keeps the chunks' A⁻¹ (C numbers
+per token) for the backward. Backward recomputes W, U from A⁻¹ and the states, then: local ∂Ū (output) →
+reverse state pass (state) → ∂q, ∂k̃, ∂W (output) → ∂k, ∂k̃, ∂v, ∂β, ∂G (wy) → ∂g (reverse cumsum).
 """
 from __future__ import annotations
 
@@ -37,18 +38,18 @@ class ChunkOSDNPhase2(torch.autograd.Function):
         chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, chunk_size)
         BK, BV = block_dims(k.shape[-1], v.shape[-1])
         G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, chunk_size)
-        _, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV)
+        Ainv, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV)
         h, ubar, S_final = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, chunk_indices.shape[0],
                                      chunk_size, BK, BV, output_final_state)
         o = output_fwd(q, kt, G, h, ubar, scale, cu_seqlens, chunk_indices, chunk_size, BK, BV)
-        ctx.save_for_backward(q, k, kt, v, beta, g, S0, cu_seqlens)
+        ctx.save_for_backward(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         ctx.set_materialize_grads(False)
         return o, S_final
 
     @staticmethod
     def backward(ctx, do, dS_final):
-        q, k, kt, v, beta, g, S0, cu_seqlens = ctx.saved_tensors
+        q, k, kt, v, beta, g, S0, cu_seqlens, Ainv = ctx.saved_tensors
         scale, C = ctx.scale, ctx.chunk_size
         if do is None:
             do = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)
@@ -58,7 +59,7 @@ class ChunkOSDNPhase2(torch.autograd.Function):
         NT = chunk_indices.shape[0]
         BK, BV = block_dims(k.shape[-1], v.shape[-1])
         G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, C)
-        Ainv, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, C, BK, BV)
+        _, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, C, BK, BV, Ainv=Ainv)
         h, ubar, _ = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, NT, C, BK, BV, False)
 
         du_local = output_bwd_local(q, kt, G, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
@@ -102,7 +103,7 @@ def chunk_osdn(q, k, v, beta, *, eta, g=None, r=None, scale=None, initial_state=
         eta = eta.reshape(-1).expand(H)
     d_all, d_final = preconditioner_scan(k, beta, eta=eta, r=r, d0=d0, d_min=d_min, d_max=d_max,
                                          beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
-    kt = d_all * k.float()
+    kt = (d_all * k).to(k.dtype)
 
     cu = uniform_cu_seqlens(B, T, q.device) if cu_seqlens is None else cu_seqlens.to(torch.int32)
     packed = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:]).contiguous()  # noqa: E731

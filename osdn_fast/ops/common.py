@@ -1,11 +1,28 @@
-"""Small Triton helpers shared by the phase-2 kernels: where a chunk lives and how its tiles load.
+"""Small Triton helpers shared by the phase-2 kernels: where a chunk lives, how its tiles load, launch configs.
 
 All tensors are packed token-major, [ΣT, H, D] (a batch is flattened to B·T tokens; see index.py).
+Precision: the matrices between stages (W, U, Ū, the chunk states, their gradients) are stored in the input
+dtype and enter tl.dot as loaded (bf16/fp16 tensor cores, fp32 accumulation); the per-chunk inverse, the
+running state and everything elementwise stay in float32.
 """
 from __future__ import annotations
 
+import os
+
 import triton
 import triton.language as tl
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    @triton.jit
+    def mm(a, b):
+        """a @ b, fp32 accumulation. The interpreter (numpy) has no bfloat16 matmul, so the operands go up to
+        float32 first: exact for bf16/fp16 values, so the product is the tensor cores' up to summation order."""
+        return tl.dot(a.to(tl.float32), b.to(tl.float32))
+else:
+    @triton.jit
+    def mm(a, b):
+        """a @ b on the tensor cores: operands as stored (bf16, fp16, or fp32 as TF32), fp32 accumulation."""
+        return tl.dot(a, b)
 
 
 @triton.jit
@@ -22,9 +39,9 @@ def chunk_rows(cu_seqlens, chunk_indices, i_t, BT: tl.constexpr):
 
 @triton.jit
 def load_tile(ptr, o_t, m_t, i_h, H, D: tl.constexpr, o_d):
-    """Rows o_t, head i_h, columns o_d of a [ΣT, H, D] tensor, as float32 (zero outside)."""
+    """Rows o_t, head i_h, columns o_d of a [ΣT, H, D] tensor, in its stored dtype (zero outside)."""
     mask = m_t[:, None] & (o_d < D)[None, :]
-    return tl.load(ptr + (o_t[:, None] * H + i_h) * D + o_d[None, :], mask=mask, other=0.0).to(tl.float32)
+    return tl.load(ptr + (o_t[:, None] * H + i_h) * D + o_d[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
@@ -46,16 +63,16 @@ def load_gate(G, o_t, m_t, i_h, H, HAS_G: tl.constexpr, BT: tl.constexpr):
 
 @triton.jit
 def load_state(ptr, i_s, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
-    """Tile [BK, BV] of state number i_s in a [*, K, V] float32 array (zero outside)."""
+    """Tile [BK, BV] of state number i_s in a [*, K, V] array, in its stored dtype (zero outside)."""
     mask = (o_k < K)[:, None] & (o_v < V)[None, :]
     return tl.load(ptr + (i_s.to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :], mask=mask, other=0.0)
 
 
 @triton.jit
 def store_state(ptr, x, i_s, o_k, o_v, K: tl.constexpr, V: tl.constexpr):
-    """Store the tile x [BK, BV] of state number i_s into a [*, K, V] float32 array."""
+    """Store the tile x [BK, BV] of state number i_s into a [*, K, V] array (cast to its dtype)."""
     mask = (o_k < K)[:, None] & (o_v < V)[None, :]
-    tl.store(ptr + (i_s.to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :], x, mask=mask)
+    tl.store(ptr + (i_s.to(tl.int64) * K + o_k[:, None]) * V + o_v[None, :], x.to(ptr.dtype.element_ty), mask=mask)
 
 
 def block_dims(K: int, V: int) -> tuple[int, int]:
@@ -65,6 +82,22 @@ def block_dims(K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
-def launch_options(BK: int) -> dict:
-    """Warps for [C, BK] float32 tiles; one stage (no software pipelining), so shared memory stays small."""
-    return dict(num_warps=8 if BK >= 128 else 4, num_stages=1)
+# Launch settings per stage for K ≤ 128 (BK > 128 halves BV and uses 8 warps). Chosen from the H200 sweep of
+# benchmarks/profile_phase2.py (see benchmarks/NOTES.md); `None` for BV keeps block_dims' value.
+TUNING = {
+    "wy_fwd": dict(num_warps=4, num_stages=2),
+    "wy_bwd": dict(num_warps=4, num_stages=2),
+    "state_fwd": dict(BV=32, num_warps=4, num_stages=2),
+    "state_bwd": dict(BV=32, num_warps=4, num_stages=2),
+    "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
+    "output_bwd_local": dict(BV=64, num_warps=4, num_stages=2),
+    "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
+}
+
+
+def launch(stage: str, BK: int, BV: int) -> tuple[int, dict]:
+    """(BV, {num_warps, num_stages}) for one stage: TUNING's entry, bounded by the value tile block_dims allows."""
+    cfg = TUNING[stage]
+    bv = min(cfg.get("BV") or BV, BV)
+    warps = max(cfg["num_warps"], 8) if BK > 128 else cfg["num_warps"]
+    return bv, dict(num_warps=warps, num_stages=cfg["num_stages"])

@@ -63,14 +63,29 @@ def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWAR
 
 
 @triton.jit
+def _load_token_bwd(k, beta, r, d_all, gd_all, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
+                    HAS_GD_ALL: tl.constexpr):
+    """_load_token plus d_t and ∂L/∂d_t (direct; zeros without it), for the reverse scan."""
+    kt, b, rt = _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R, BETA_AWARE)
+    m = offs < tl.where(ok, K, 0)
+    d = tl.load(d_all + (t * H + h) * K + offs, mask=m, other=0.0)
+    if HAS_GD_ALL:
+        gd = tl.load(gd_all + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32)
+    else:
+        gd = tl.zeros([offs.shape[0]], dtype=tl.float32)
+    return kt, b, rt, d, gd
+
+
+@triton.jit
 def phase1_fwd_seq_kernel(
     k, beta, r, d0, eta, d_all, d_final, cu_seqlens,
     T, H, K, eps, d_min, d_max,
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
 ):
-    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token; the next
-    token's inputs are loaded one step ahead so their latency hides behind the current step."""
+    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token. The inputs
+    of token t + 4 are loaded at step t (a four-deep register pipeline), so a load's latency (~1 µs from HBM)
+    hides behind four steps of the chain instead of one."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -81,10 +96,16 @@ def phase1_fwd_seq_kernel(
     else:
         d = tl.where(mask, 1.0, 0.0)
     eta_h = tl.load(eta + h).to(tl.float32)
-    kn, bn, rn = _load_token(k, beta, r, bos, bos < eos, h, H, K, offs, HAS_R, BETA_AWARE)
+    k1, b1, r1 = _load_token(k, beta, r, bos, bos < eos, h, H, K, offs, HAS_R, BETA_AWARE)
+    k2, b2, r2 = _load_token(k, beta, r, bos + 1, bos + 1 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
+    k3, b3, r3 = _load_token(k, beta, r, bos + 2, bos + 2 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
+    k4, b4, r4 = _load_token(k, beta, r, bos + 3, bos + 3 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
     for t in range(bos, eos):
-        kt, b, rt = kn, bn, rn
-        kn, bn, rn = _load_token(k, beta, r, t + 1, t + 1 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
+        kt, b, rt = k1, b1, r1
+        k1, b1, r1 = k2, b2, r2
+        k2, b2, r2 = k3, b3, r3
+        k3, b3, r3 = k4, b4, r4
+        k4, b4, r4 = _load_token(k, beta, r, t + 4, t + 4 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
         tl.store(d_all + (t * H + h) * K + offs, d, mask=mask)
         kt = kt.to(tl.float32)
         a = kt * kt
@@ -107,7 +128,7 @@ def phase1_bwd_seq_kernel(
     IS_VARLEN: tl.constexpr, BK: tl.constexpr,
 ):
     """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
-    Inputs of token t − 1 are loaded one step ahead."""
+    Inputs of token t − 2 are loaded at step t (a two-deep pipeline: each token brings k, d and ∂L/∂d)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -119,17 +140,16 @@ def phase1_bwd_seq_kernel(
         lam = tl.zeros([BK], dtype=tl.float32)
     eta_h = tl.load(eta + h).to(tl.float32)
     deta_acc = eta_h * 0.0
-    ok = eos > bos
-    kn, bn, rn = _load_token(k, beta, r, eos - 1, ok, h, H, K, offs, HAS_R, BETA_AWARE)
-    dn = tl.load(d_all + ((eos - 1) * H + h) * K + offs, mask=offs < tl.where(ok, K, 0), other=0.0)
+    k1, b1, r1, d1, g1 = _load_token_bwd(k, beta, r, d_all, gd_all, eos - 1, eos - 1 >= bos, h, H, K, offs,
+                                         HAS_R, BETA_AWARE, HAS_GD_ALL)
+    k2, b2, r2, d2, g2 = _load_token_bwd(k, beta, r, d_all, gd_all, eos - 2, eos - 2 >= bos, h, H, K, offs,
+                                         HAS_R, BETA_AWARE, HAS_GD_ALL)
     for i in range(0, eos - bos):
         t = eos - 1 - i
-        kt, b, rt, d = kn, bn, rn, dn
-        ok = t > bos
-        kn, bn, rn = _load_token(k, beta, r, t - 1, ok, h, H, K, offs, HAS_R, BETA_AWARE)
-        dn = tl.load(d_all + ((t - 1) * H + h) * K + offs, mask=offs < tl.where(ok, K, 0), other=0.0)
-        if HAS_GD_ALL:
-            gd = tl.load(gd_all + (t * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+        kt, b, rt, d, gd = k1, b1, r1, d1, g1
+        k1, b1, r1, d1, g1 = k2, b2, r2, d2, g2
+        k2, b2, r2, d2, g2 = _load_token_bwd(k, beta, r, d_all, gd_all, t - 2, t - 2 >= bos, h, H, K, offs,
+                                             HAS_R, BETA_AWARE, HAS_GD_ALL)
         kt = kt.to(tl.float32)
         a = kt * kt
         s = tl.sum(d * a, axis=0)
@@ -152,9 +172,7 @@ def phase1_bwd_seq_kernel(
             tl.store(dbeta + t * H + h, p * eta_h * (1.0 - 2.0 * b * s) * nu)
         if HAS_R:
             tl.store(dr + t * H + h, tl.sum(dz * d, axis=0))
-        lam = rt * dz + gs * a
-        if HAS_GD_ALL:
-            lam += gd
+        lam = rt * dz + gs * a + gd
     tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
     tl.store(deta + n * H + h, deta_acc)
 

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import launch_options, load_gate, load_state, load_tile, store_state, store_tile
+from .common import launch, load_gate, load_state, load_tile, mm, store_state, store_tile
 
 
 @triton.jit
@@ -43,20 +43,24 @@ def state_fwd_kernel(w, u, kt, G, S0, h, ubar, S_final, cu_seqlens, chunk_offset
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     boh = tl.load(chunk_offsets + i_n)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    DT = w.dtype.element_ty
     if HAS_S0:
         b_S = load_state(S0, i_nh, o_k, o_v, K, V)
     else:
         b_S = tl.zeros([BK, BV], dtype=tl.float32)
     for i_c in range(tl.cdiv((eos - bos).to(tl.int32), BT)):
-        store_state(h, b_S, (boh + i_c) * H + i_h, o_k, o_v, K, V)
+        b_Sd = b_S.to(DT)
+        store_state(h, b_Sd, (boh + i_c) * H + i_h, o_k, o_v, K, V)
         o_t = bos + i_c * BT + tl.arange(0, BT)
         m_t = o_t < eos
-        b_ub = load_tile(u, o_t, m_t, i_h, H, V, o_v) - tl.dot(load_tile(w, o_t, m_t, i_h, H, K, o_k), b_S)
-        store_tile(ubar, b_ub, o_t, m_t, i_h, H, V, o_v)
+        b_ub = load_tile(u, o_t, m_t, i_h, H, V, o_v).to(tl.float32) \
+            - mm(load_tile(w, o_t, m_t, i_h, H, K, o_k), b_Sd)
+        b_ubd = b_ub.to(DT)
+        store_tile(ubar, b_ubd, o_t, m_t, i_h, H, V, o_v)
         b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
         b_decay, b_gC = decay_to_end(G, b_g, tl.minimum(bos + i_c * BT + BT, eos) - 1, m_t, i_h, H, HAS_G)
-        b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k) * b_decay[:, None]
-        b_S = b_S * b_gC + tl.dot(tl.trans(b_kt), b_ub)
+        b_kt = (load_tile(kt, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * b_decay[:, None]).to(DT)
+        b_S = b_S * b_gC + mm(tl.trans(b_kt), b_ubd)
     if STORE_FINAL:
         store_state(S_final, b_S, i_nh, o_k, o_v, K, V)
 
@@ -71,6 +75,7 @@ def state_bwd_kernel(q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     boh = tl.load(chunk_offsets + i_n)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    DT = w.dtype.element_ty
     if HAS_DSF:
         b_dS = load_state(dS_final, i_nh, o_k, o_v, K, V)
     else:
@@ -78,47 +83,52 @@ def state_bwd_kernel(q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu
     NT = tl.cdiv((eos - bos).to(tl.int32), BT)
     for j in range(NT):
         i_c = NT - 1 - j
-        store_state(dh, b_dS, (boh + i_c) * H + i_h, o_k, o_v, K, V)
+        b_dSd = b_dS.to(DT)
+        store_state(dh, b_dSd, (boh + i_c) * H + i_h, o_k, o_v, K, V)
         o_t = bos + i_c * BT + tl.arange(0, BT)
         m_t = o_t < eos
         b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
         b_decay, b_gC = decay_to_end(G, b_g, tl.minimum(bos + i_c * BT + BT, eos) - 1, m_t, i_h, H, HAS_G)
-        b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k) * b_decay[:, None]
-        b_du = load_tile(du_local, o_t, m_t, i_h, H, V, o_v) + tl.dot(b_kt, b_dS)
-        store_tile(du, b_du, o_t, m_t, i_h, H, V, o_v)
-        b_qg = load_tile(q, o_t, m_t, i_h, H, K, o_k) * tl.exp(b_g)[:, None]
+        b_kt = (load_tile(kt, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * b_decay[:, None]).to(DT)
+        b_du = load_tile(du_local, o_t, m_t, i_h, H, V, o_v).to(tl.float32) + mm(b_kt, b_dSd)
+        b_dud = b_du.to(DT)
+        store_tile(du, b_dud, o_t, m_t, i_h, H, V, o_v)
+        b_qg = (load_tile(q, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * (scale * tl.exp(b_g))[:, None]).to(DT)
         b_do = load_tile(do, o_t, m_t, i_h, H, V, o_v)
         b_w = load_tile(w, o_t, m_t, i_h, H, K, o_k)
-        b_dS = b_dS * b_gC + scale * tl.dot(tl.trans(b_qg), b_do) - tl.dot(tl.trans(b_w), b_du)
+        b_dS = b_dS * b_gC + mm(tl.trans(b_qg), b_do) - mm(tl.trans(b_w), b_dud)
     store_state(dS0, b_dS, i_nh, o_k, o_v, K, V)
 
 
 def state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, n_chunks, chunk_size, BK, BV, output_final_state):
-    """(h: S entering each chunk [NT, H, K, V], Ū [1, ΣT, H, V], final S [N, H, K, V] or None), float32."""
+    """(h: S entering each chunk [NT, H, K, V], Ū [1, ΣT, H, V], both in W's dtype; final S [N, H, K, V] float32
+    or None)."""
     _, T, H, K = w.shape
     V = u.shape[-1]
     N = cu_seqlens.shape[0] - 1
-    f32 = dict(dtype=torch.float32, device=w.device)
-    h = torch.empty(n_chunks, H, K, V, **f32)
-    ubar = torch.empty(1, T, H, V, **f32)
-    S_final = torch.empty(N, H, K, V, **f32) if output_final_state else None
+    like = dict(dtype=w.dtype, device=w.device)
+    h = torch.empty(n_chunks, H, K, V, **like)
+    ubar = torch.empty(1, T, H, V, **like)
+    S_final = torch.empty(N, H, K, V, dtype=torch.float32, device=w.device) if output_final_state else None
+    BV, opts = launch("state_fwd", BK, BV)
     state_fwd_kernel[(triton.cdiv(V, BV), N * H)](
         w, u, kt, G, S0, h, ubar, S_final, cu_seqlens, chunk_offsets, H,
         K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_S0=S0 is not None,
-        STORE_FINAL=output_final_state, **launch_options(BK))
+        STORE_FINAL=output_final_state, **opts)
     return h, ubar, S_final
 
 
 def state_bwd(q, kt, w, G, do, du_local, dS_final, scale, cu_seqlens, chunk_offsets, n_chunks, chunk_size, BK, BV):
-    """(∂S after each chunk [NT, H, K, V], ∂Ū [1, ΣT, H, V], ∂S0 [N, H, K, V]), float32."""
+    """(∂S after each chunk [NT, H, K, V], ∂Ū [1, ΣT, H, V], both in W's dtype; ∂S0 [N, H, K, V] float32)."""
     _, T, H, K = q.shape
     V = do.shape[-1]
     N = cu_seqlens.shape[0] - 1
-    f32 = dict(dtype=torch.float32, device=q.device)
-    dh = torch.empty(n_chunks, H, K, V, **f32)
-    du = torch.empty(1, T, H, V, **f32)
-    dS0 = torch.empty(N, H, K, V, **f32)
+    like = dict(dtype=w.dtype, device=q.device)
+    dh = torch.empty(n_chunks, H, K, V, **like)
+    du = torch.empty(1, T, H, V, **like)
+    dS0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
+    BV, opts = launch("state_bwd", BK, BV)
     state_bwd_kernel[(triton.cdiv(V, BV), N * H)](
         q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu_seqlens, chunk_offsets, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_DSF=dS_final is not None, **launch_options(BK))
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_DSF=dS_final is not None, **opts)
     return dh, du, dS0

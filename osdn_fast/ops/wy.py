@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import chunk_rows, launch_options, load_gate, load_tile, store_tile
+from .common import chunk_rows, launch, load_gate, load_tile, mm, store_tile
 
 
 @triton.jit
@@ -69,24 +69,27 @@ def gram_decay(b_g, BT: tl.constexpr, STRICT: tl.constexpr, TRANSPOSED: tl.const
 @triton.jit
 def wy_fwd_kernel(k, kt, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  HAS_G: tl.constexpr):
+                  HAS_G: tl.constexpr, SOLVE: tl.constexpr):
+    # SOLVE: form A and its inverse and store A⁻¹; else (the backward's recompute) load the stored A⁻¹
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
     o_i, o_k = tl.arange(0, BT), tl.arange(0, BK)
     b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
-    b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
     b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
+    if SOLVE:
+        b_A = mm(b_k, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k))) * gram_decay(b_g, BT, True)
+        b_Ai = unit_lower_inverse(b_A * b_b[:, None], BT).to(Ainv.dtype.element_ty)
+        store_tile(Ainv, b_Ai, o_t, m_t, i_h, H, BT, o_i)
+    else:
+        b_Ai = load_tile(Ainv, o_t, m_t, i_h, H, BT, o_i)
 
-    b_A = tl.dot(b_k, tl.trans(b_kt)) * gram_decay(b_g, BT, True) * b_b[:, None]
-    b_Ai = unit_lower_inverse(b_A, BT)
-    store_tile(Ainv, b_Ai, o_t, m_t, i_h, H, BT, o_i)
-
-    b_T = b_Ai * b_b[None, :]
-    store_tile(w, tl.dot(b_T, b_k * tl.exp(b_g)[:, None]), o_t, m_t, i_h, H, K, o_k)
+    b_T = (b_Ai.to(tl.float32) * b_b[None, :]).to(k.dtype.element_ty)
+    b_kg = (b_k.to(tl.float32) * tl.exp(b_g)[:, None]).to(k.dtype.element_ty)
+    store_tile(w, mm(b_T, b_kg), o_t, m_t, i_h, H, K, o_k)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        store_tile(u, tl.dot(b_T, load_tile(v, o_t, m_t, i_h, H, V, o_v)), o_t, m_t, i_h, H, V, o_v)
+        store_tile(u, mm(b_T, load_tile(v, o_t, m_t, i_h, H, V, o_v)), o_t, m_t, i_h, H, V, o_v)
 
 
 @triton.jit
@@ -98,11 +101,12 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
     o_i = tl.arange(0, BT)
+    DT = k.dtype.element_ty
     b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
     b_Ai = load_tile(Ainv, o_t, m_t, i_h, H, BT, o_i)
     b_Ait = tl.load(Ainv + (o_t[None, :] * H + i_h) * BT + o_i[:, None], mask=m_t[None, :], other=0.0)
-    b_Tt = b_Ait * b_b[:, None]
+    b_Tt = (b_Ait.to(tl.float32) * b_b[:, None]).to(DT)
 
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
     b_dTt = tl.zeros([BT, BT], dtype=tl.float32)
@@ -110,28 +114,28 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
-        b_kg = b_k * tl.exp(b_g)[:, None]
-        b_dw = load_tile(dw, o_t, m_t, i_h, H, K, o_k)
-        b_dT += tl.dot(b_dw, tl.trans(b_kg))
-        b_dTt += tl.dot(b_kg, tl.trans(b_dw))
-        b_kk += tl.dot(b_k, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
+        b_kg = (b_k.to(tl.float32) * tl.exp(b_g)[:, None]).to(DT)
+        b_dw = load_tile(dw, o_t, m_t, i_h, H, K, o_k).to(DT)
+        b_dT += mm(b_dw, tl.trans(b_kg))
+        b_dTt += mm(b_kg, tl.trans(b_dw))
+        b_kk += mm(b_k, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
-        b_du = load_tile(du, o_t, m_t, i_h, H, V, o_v)
+        b_du = load_tile(du, o_t, m_t, i_h, H, V, o_v).to(DT)
         b_v = load_tile(v, o_t, m_t, i_h, H, V, o_v)
-        b_dT += tl.dot(b_du, tl.trans(b_v))
-        b_dTt += tl.dot(b_v, tl.trans(b_du))
-        store_tile(dv, tl.dot(b_Tt, b_du), o_t, m_t, i_h, H, V, o_v)
+        b_dT += mm(b_du, tl.trans(b_v))
+        b_dTt += mm(b_v, tl.trans(b_du))
+        store_tile(dv, mm(b_Tt, b_du), o_t, m_t, i_h, H, V, o_v)
 
-    b_db = tl.sum(b_dT * b_Ai, axis=0)
-    b_dA = -tl.dot(b_Ait, tl.dot(b_dT * b_b[None, :], b_Ait))
+    b_db = tl.sum(b_dT * b_Ai.to(tl.float32), axis=0)
+    b_dA = -mm(b_Ait, mm((b_dT * b_b[None, :]).to(DT), b_Ait).to(DT))
     b_dA = tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.0)
-    b_dAt = -tl.dot(b_Ai, tl.dot(b_dTt * b_b[:, None], b_Ai))
+    b_dAt = -mm(b_Ai, mm((b_dTt * b_b[:, None]).to(DT), b_Ai).to(DT))
     b_gam = gram_decay(b_g, BT, True)
     b_kk = b_kk * b_gam
     b_db += tl.sum(b_dA * b_kk, axis=1)
-    b_dM = b_dA * b_gam * b_b[:, None]
-    b_dMt = b_dAt * gram_decay(b_g, BT, True, True) * b_b[None, :]
+    b_dM = (b_dA * b_gam * b_b[:, None]).to(DT)
+    b_dMt = (b_dAt * gram_decay(b_g, BT, True, True) * b_b[None, :]).to(DT)
     b_dAA = b_dA * b_kk * b_b[:, None]
     b_dg = tl.sum(b_dAA, axis=1) - tl.sum(b_dAA, axis=0)
 
@@ -139,10 +143,10 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
         o_k = i_k * BK + tl.arange(0, BK)
         b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
         b_kt = load_tile(kt, o_t, m_t, i_h, H, K, o_k)
-        b_dkg = tl.dot(b_Tt, load_tile(dw, o_t, m_t, i_h, H, K, o_k))
-        b_dg += tl.sum(b_dkg * b_k, axis=1) * tl.exp(b_g)
-        b_dk = b_dkg * tl.exp(b_g)[:, None] + tl.dot(b_dM, b_kt)
-        b_dkt = tl.dot(b_dMt, b_k) + load_tile(dkt_in, o_t, m_t, i_h, H, K, o_k)
+        b_dkg = mm(b_Tt, load_tile(dw, o_t, m_t, i_h, H, K, o_k).to(DT))
+        b_dg += tl.sum(b_dkg * b_k.to(tl.float32), axis=1) * tl.exp(b_g)
+        b_dk = b_dkg * tl.exp(b_g)[:, None] + mm(b_dM, b_kt)
+        b_dkt = mm(b_dMt, b_k) + load_tile(dkt_in, o_t, m_t, i_h, H, K, o_k)
         store_tile(dk, b_dk, o_t, m_t, i_h, H, K, o_k)
         store_tile(dkt, b_dkt, o_t, m_t, i_h, H, K, o_k)
 
@@ -152,16 +156,19 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
         tl.store(dg + o_t * H + i_h, b_dg, mask=m_t)
 
 
-def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV):
-    """(A⁻¹ [1, ΣT, H, C], W [1, ΣT, H, K], U [1, ΣT, H, V]) in float32."""
+def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV, Ainv=None):
+    """(A⁻¹ [1, ΣT, H, C], W [1, ΣT, H, K], U [1, ΣT, H, V]) in k's dtype; a given A⁻¹ is reused, not re-solved."""
     _, T, H, K = k.shape
     V = v.shape[-1]
-    f32 = dict(dtype=torch.float32, device=k.device)
-    Ainv = torch.empty(1, T, H, chunk_size, **f32)
-    w, u = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, V, **f32)
+    like = dict(dtype=k.dtype, device=k.device)
+    solve = Ainv is None
+    if solve:
+        Ainv = torch.empty(1, T, H, chunk_size, **like)
+    w, u = torch.empty(1, T, H, K, **like), torch.empty(1, T, H, V, **like)
+    BV, opts = launch("wy_fwd", BK, BV)
     wy_fwd_kernel[(chunk_indices.shape[0], H)](
         k, kt, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, **launch_options(BK))
+        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, SOLVE=solve, **opts)
     return Ainv, w, u
 
 
@@ -173,7 +180,8 @@ def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_ind
     dk, dkt, dv = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, V, **f32)
     dbeta = torch.empty(1, T, H, **f32)
     dg = torch.empty(1, T, H, **f32) if G is not None else None
+    BV, opts = launch("wy_bwd", BK, BV)
     wy_bwd_kernel[(chunk_indices.shape[0], H)](
         k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=min(BK, 64), BV=BV, HAS_G=G is not None, **launch_options(BK))
+        K=K, V=V, BT=chunk_size, BK=min(BK, 64), BV=BV, HAS_G=G is not None, **opts)
     return dk, dkt, dv, dbeta, dg

@@ -1,0 +1,192 @@
+"""Where the time of chunk_osdn goes, kernel by kernel, and which launch settings each phase-2 stage wants (issue 6).
+
+1. A CUDA-kernel breakdown (torch.profiler) of `osdn_fast.chunk_osdn` (OSDN, clip) and of fla's
+   `chunk_delta_rule`, forward and forward+backward, at (B, T, H, D) = (8, 2048, 16, 128) bfloat16.
+2. A sweep of each phase-2 stage over value tile BV, warps and pipeline stages (`osdn_fast.ops.common.TUNING`),
+   each stage timed alone (triton.testing.do_bench, median) on the same inputs; the fastest setting per stage.
+3. The whole op with the committed TUNING and with the sweep's best, side by side with fla.
+
+Writes profile_phase2.json into --out. The sweep's best goes into TUNING by hand (and then through
+validate_gpu.py again): this script never changes the committed settings.
+
+    python benchmarks/profile_phase2.py --out $OUT                     # on the GPU, about 3-5 minutes cold
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime as dt
+import itertools
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+
+SHAPE = (8, 2048, 16, 128)
+OPTIONS = dict(eta=0.003, d_min=2 / 3, d_max=1.5)
+SPACE = dict(BV=(32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))
+
+
+def inputs(B, T, H, D, device, gate=False):
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    x = dict(q=torch.randn(B, T, H, D, generator=gen), k=F.normalize(torch.randn(B, T, H, D, generator=gen), dim=-1),
+             v=torch.randn(B, T, H, D, generator=gen), beta=torch.rand(B, T, H, generator=gen).sigmoid())
+    if gate:
+        x["g"] = F.logsigmoid(torch.rand(B, T, H, generator=gen))
+    return {n: t.to(device, torch.bfloat16).requires_grad_() for n, t in x.items()}
+
+
+def kernel_table(fn, iters=10):
+    """[(kernel name, µs per call of fn, launches per call)] from torch.profiler, slowest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(iters):
+            fn()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            rows.append((e.key[:70], t / iters, e.count / iters))
+    return sorted(rows, key=lambda r: -r[1])
+
+
+def stage_calls(x, B, T, H, D):
+    """{stage: zero-argument call} for every phase-2 stage, on intermediates computed once."""
+    from osdn_fast import chunk_osdn  # noqa: F401 (import check)
+    from osdn_fast.ops import output, state, wy
+    from osdn_fast.ops.common import block_dims
+    from osdn_fast.ops.index import chunk_layout, uniform_cu_seqlens
+
+    pk = lambda t: t.detach().reshape(1, B * T, *t.shape[2:]).contiguous()  # noqa: E731
+    q, k, v, beta = pk(x["q"]), pk(x["k"]), pk(x["v"]), pk(x["beta"])
+    kt = (k * 1.01).contiguous()
+    cu = uniform_cu_seqlens(B, T, q.device)
+    ci, co = chunk_layout(cu, 64)
+    NT = ci.shape[0]
+    BK, BV = block_dims(D, D)
+    scale = D**-0.5
+    Ainv, w, u = wy.wy_fwd(k, kt, v, beta, None, cu, ci, 64, BK, BV)
+    h, ubar, _ = state.state_fwd(w, u, kt, None, None, cu, co, NT, 64, BK, BV, False)
+    do = torch.randn_like(v)
+    du_local = output.output_bwd_local(q, kt, None, do, scale, cu, ci, 64, BK, BV)
+    dh, du, _ = state.state_bwd(q, kt, w, None, do, du_local, None, scale, cu, co, NT, 64, BK, BV)
+    dq, dkt, dw, _ = output.output_bwd(q, kt, None, h, dh, ubar, du, do, scale, cu, ci, 64, BK, BV)
+    return {
+        "wy_fwd": lambda: wy.wy_fwd(k, kt, v, beta, None, cu, ci, 64, BK, BV),
+        "state_fwd": lambda: state.state_fwd(w, u, kt, None, None, cu, co, NT, 64, BK, BV, False),
+        "output_fwd": lambda: output.output_fwd(q, kt, None, h, ubar, scale, cu, ci, 64, BK, BV),
+        "output_bwd_local": lambda: output.output_bwd_local(q, kt, None, do, scale, cu, ci, 64, BK, BV),
+        "state_bwd": lambda: state.state_bwd(q, kt, w, None, do, du_local, None, scale, cu, co, NT, 64, BK, BV),
+        "output_bwd": lambda: output.output_bwd(q, kt, None, h, dh, ubar, du, do, scale, cu, ci, 64, BK, BV),
+        "wy_bwd": lambda: wy.wy_bwd(k, kt, v, beta, None, Ainv, dw, du, dkt, None, cu, ci, 64, BK, BV),
+    }
+
+
+def sweep(calls, budget_s):
+    """Time every stage under every setting of SPACE (BV only where the stage has value tiles)."""
+    import triton.testing
+
+    from osdn_fast.ops import common
+
+    committed = copy.deepcopy(common.TUNING)
+    results, start = {}, time.time()
+    for stage, call in calls.items():
+        results[stage] = []
+        for bv, warps, stages in itertools.product(*SPACE.values()):
+            if time.time() - start > budget_s:
+                break
+            if "BV" not in committed[stage] and bv != SPACE["BV"][0]:
+                continue
+            cfg = dict(num_warps=warps, num_stages=stages)
+            if "BV" in committed[stage]:
+                cfg["BV"] = bv
+            common.TUNING[stage] = cfg
+            try:
+                ms = float(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
+            except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
+                ms, cfg = float("nan"), dict(cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
+            results[stage].append(dict(cfg, ms=ms))
+            print(f"  {stage:17s} {cfg}  {ms:.4f} ms", flush=True)
+        common.TUNING[stage] = committed[stage]
+    best = {}
+    for stage, rows in results.items():
+        ok = [r for r in rows if r["ms"] == r["ms"]]
+        if ok:
+            r = min(ok, key=lambda r: r["ms"])
+            best[stage] = {k: r[k] for k in ("BV", "num_warps", "num_stages") if k in r}
+    return results, best
+
+
+def whole_op(x, fla):
+    """Median ms of forward and forward+backward: chunk_osdn (OSDN, clip) and, when installed, fla."""
+    import triton.testing
+
+    import osdn_fast
+
+    do = torch.randn_like(x["v"])
+    ops = {"osdn_clip": lambda: osdn_fast.chunk_osdn(x["q"], x["k"], x["v"], x["beta"], **OPTIONS)[0]}
+    if fla is not None:
+        ops["fla_delta_rule"] = lambda: fla(x["q"], x["k"], x["v"], x["beta"])[0]
+    out = {}
+    for name, fn in ops.items():
+        fwd = float(triton.testing.do_bench(fn, warmup=10, rep=100, return_mode="median"))
+        both = float(triton.testing.do_bench(lambda: fn().backward(do), warmup=10, rep=100, return_mode="median"))
+        out[name] = dict(fwd_ms=fwd, fwd_bwd_ms=both)
+        print(f"  {name:15s} fwd {fwd:7.3f} ms  fwd+bwd {both:7.3f} ms", flush=True)
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--sweep-budget", type=float, default=240.0, help="seconds for the sweep")
+    args = ap.parse_args(argv)
+    import triton
+
+    import osdn_fast
+    from osdn_fast.ops import common
+
+    try:
+        from fla.ops.delta_rule import chunk_delta_rule as fla
+    except ImportError:
+        fla = None
+    B, T, H, D = SHAPE
+    x = inputs(B, T, H, D, "cuda")
+    do = torch.randn_like(x["v"])
+    osdn_fwd = lambda: osdn_fast.chunk_osdn(x["q"], x["k"], x["v"], x["beta"], **OPTIONS)[0]  # noqa: E731
+    result = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                  gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
+                  fla="missing" if fla is None else "0.6.0", shape=SHAPE, options=OPTIONS,
+                  committed_tuning=copy.deepcopy(common.TUNING))
+    print("committed TUNING, whole op:", flush=True)
+    result["committed"] = whole_op(x, fla)
+    tables = {"osdn fwd": osdn_fwd, "osdn fwd+bwd": lambda: osdn_fwd().backward(do)}
+    if fla is not None:
+        fla_fwd = lambda: fla(x["q"], x["k"], x["v"], x["beta"])[0]  # noqa: E731
+        tables.update({"fla fwd": fla_fwd, "fla fwd+bwd": lambda: fla_fwd().backward(do)})
+    result["kernels"] = {}
+    for name, fn in tables.items():
+        rows = kernel_table(fn)
+        result["kernels"][name] = rows
+        print(f"{name}: {sum(r[1] for r in rows):.1f} µs of kernels", flush=True)
+        for kname, us, n in rows[:14]:
+            print(f"  {us:9.1f} µs  ×{n:4.1f}  {kname}", flush=True)
+    print("sweep:", flush=True)
+    result["sweep"], result["best"] = sweep(stage_calls(x, B, T, H, D), args.sweep_budget)
+    print("best:", json.dumps(result["best"]), flush=True)
+    common.TUNING.update(result["best"])
+    print("best TUNING, whole op:", flush=True)
+    result["tuned"] = whole_op(x, fla)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "profile_phase2.json"), "w") as f:
+        json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
