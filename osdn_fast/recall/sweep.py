@@ -10,6 +10,7 @@ Three ways to run, by what the launcher gives:
 results.json is rewritten after every finished run, so a sweep cut short still leaves its data.
 A time budget stops new runs from starting; runs in flight are stopped at the budget plus a grace period
 and recorded as truncated (left out of the summary). The budget is ignored under torchrun.
+`complete` in results.json is true only when every planned run finished untruncated (see `is_complete`).
 """
 from __future__ import annotations
 
@@ -95,6 +96,11 @@ def _init_distributed(device: str) -> tuple[int, int, str]:
     return dist.get_rank(), world, device
 
 
+def is_complete(planned: int, runs: list[dict], skipped: list, failed: list) -> bool:
+    """True when all `planned` runs finished: none skipped, none failed, none truncated."""
+    return not skipped and not failed and len(runs) == planned and not any(r.get("truncated") for r in runs)
+
+
 class Sweep:
     """Collects run records and writes results.json + plots into `out` (rank 0 only)."""
 
@@ -125,7 +131,8 @@ class Sweep:
     def save(self, final: bool = False) -> list[dict]:
         rows = summarize(self.runs)
         if self.write:
-            data = dict(self.meta, wall_time_s=time.time() - self.start, complete=final, summary=rows,
+            complete = final and is_complete(self.total, self.runs, self.skipped, self.failed)
+            data = dict(self.meta, wall_time_s=time.time() - self.start, complete=complete, summary=rows,
                         runs=self.runs, skipped=self.skipped, failed=self.failed)
             (self.out / "results.json").write_text(json.dumps(data, indent=1))
             if final and rows:
