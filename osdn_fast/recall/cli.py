@@ -1,7 +1,7 @@
 """`osdn-recall`: train DeltaNet / GDN with and without the OSDN preconditioner on synthetic recall.
 
     osdn-recall                                   the tiny CPU preset (a few minutes), prints a table
-    osdn-recall --preset gpu --out runs/gpu       the one-H200 sweep (about 9 minutes)
+    osdn-recall --preset gpu --out runs/gpu       the one-H200 sweep (7-min budget: ~39 of 48 runs; see presets)
     torchrun --nproc-per-node 2 -m osdn_fast.recall.cli --preset gpu --workers 1   DDP over 2 ranks
 """
 from __future__ import annotations
