@@ -18,7 +18,7 @@ SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100/H200 block may use
 
 def jobs(K, V, chunk_size=64):
     """(kernel, constexprs, arguments passed as None, launch options): the launches of osdn_fast.ops.chunk."""
-    from osdn_fast.ops import cumsum, output, state, wy
+    from osdn_fast.ops import cumsum, output, solve, state, wy
     from osdn_fast.ops.common import block_dims, launch
 
     BK, BV = block_dims(K, V)
@@ -29,11 +29,12 @@ def jobs(K, V, chunk_size=64):
         return dict(K=K, V=V, BT=chunk_size, BK=bk, BV=bv, **flags), options
 
     out = [(cumsum.chunk_cumsum_kernel, dict(BT=chunk_size, REVERSE=rev), (), {}) for rev in (False, True)]
+    out.append((solve.solve_kernel, dict(BT=chunk_size), (), launch("solve", BK, BV)[1]))
     for has_g in (False, True):
         none = () if has_g else ("G", "dg_in", "dg")
         for kernel, name, bk, flags in (
-            (wy.wy_fwd_kernel, "wy_fwd", BK, dict(SOLVE=True)),
-            (wy.wy_fwd_kernel, "wy_fwd", BK, dict(SOLVE=False)),
+            (wy.gram_kernel, "gram", BK, {}),
+            (wy.wu_kernel, "wu", BK, {}),
             (wy.wy_bwd_kernel, "wy_bwd", BKS, {}),
             (state.state_fwd_kernel, "state_fwd", BK, dict(HAS_S0=True, STORE_FINAL=True)),
             (state.state_bwd_kernel, "state_bwd", BK, dict(HAS_DSF=True)),
@@ -42,6 +43,7 @@ def jobs(K, V, chunk_size=64):
             (output.output_bwd_kernel, "output_bwd", BKS, {}),
         ):
             constexprs, options = stage(name, bk, HAS_G=has_g, **flags)
+            constexprs = {n: c for n, c in constexprs.items() if n in kernel.arg_names}
             out.append((kernel, constexprs, none, options))
     return out
 
@@ -49,7 +51,7 @@ def jobs(K, V, chunk_size=64):
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
 # the rest (gates' cumulative sums, states in and out, the float32 gradients) are float32.
 INPUT_DTYPE = {"q", "k", "kt", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
-               "du_local"}
+               "du_local"}  # A (the solve's input) is float32
 
 
 def signature(kernel, constexprs, none_args, dtype):

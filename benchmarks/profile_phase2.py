@@ -2,14 +2,15 @@
 
 1. A CUDA-kernel breakdown (torch.profiler) of `osdn_fast.chunk_osdn` (OSDN, clip) and of fla's
    `chunk_delta_rule`, forward and forward+backward, at (B, T, H, D) = (8, 2048, 16, 128) bfloat16.
-2. A sweep of each phase-2 stage over value tile BV, warps and pipeline stages (`osdn_fast.ops.common.TUNING`),
+2. A sweep of each phase-2 stage over value tile BV, warps and pipeline stages (`osdn_fast.ops.tuning.TUNING`),
    each stage timed alone (triton.testing.do_bench, median) on the same inputs; the fastest setting per stage.
 3. The whole op with the committed TUNING and with the sweep's best, side by side with fla.
 
-Writes profile_phase2.json into --out. The sweep's best goes into TUNING by hand (and then through
-validate_gpu.py again): this script never changes the committed settings.
+Writes profile_phase2.json and tuning.json (the best setting per stage) into --out; this script never changes
+the committed settings. The best goes into osdn_fast/ops/tuning.py by hand, after validate_gpu.py has run with it:
 
     python benchmarks/profile_phase2.py --out $OUT                     # on the GPU, about 3-5 minutes cold
+    python benchmarks/validate_gpu.py --out $OUT --tuning $OUT/tuning.json
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 SHAPE = (8, 2048, 16, 128)
 OPTIONS = dict(eta=0.003, d_min=2 / 3, d_max=1.5)
 SPACE = dict(BV=(32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))
+SOLVE_SPACE = dict(BV=(64,), num_warps=(1, 2, 4), num_stages=(1,))  # 16×16 tiles: few warps
 
 
 def inputs(B, T, H, D, device, gate=False):
@@ -58,8 +60,7 @@ def kernel_table(fn, iters=10):
 
 def stage_calls(x, B, T, H, D):
     """{stage: zero-argument call} for every phase-2 stage, on intermediates computed once."""
-    from osdn_fast import chunk_osdn  # noqa: F401 (import check)
-    from osdn_fast.ops import output, state, wy
+    from osdn_fast.ops import common, output, solve, state, wy
     from osdn_fast.ops.common import block_dims
     from osdn_fast.ops.index import chunk_layout, uniform_cu_seqlens
 
@@ -71,6 +72,13 @@ def stage_calls(x, B, T, H, D):
     NT = ci.shape[0]
     BK, BV = block_dims(D, D)
     scale = D**-0.5
+    grid = (NT, H)
+
+    def launch_config(stage):
+        return common.launch(stage, BK, BV)[1]
+
+    A = torch.empty(1, B * T, H, 64, dtype=torch.float32, device=q.device)
+    wy.gram_kernel[grid](k, kt, beta, None, A, cu, ci, H, K=D, BT=64, BK=BK, HAS_G=False, **launch_config("gram"))
     Ainv, w, u = wy.wy_fwd(k, kt, v, beta, None, cu, ci, 64, BK, BV)
     h, ubar, _ = state.state_fwd(w, u, kt, None, None, cu, co, NT, 64, BK, BV, False)
     do = torch.randn_like(v)
@@ -78,7 +86,10 @@ def stage_calls(x, B, T, H, D):
     dh, du, _ = state.state_bwd(q, kt, w, None, do, du_local, None, scale, cu, co, NT, 64, BK, BV)
     dq, dkt, dw, _ = output.output_bwd(q, kt, None, h, dh, ubar, du, do, scale, cu, ci, 64, BK, BV)
     return {
-        "wy_fwd": lambda: wy.wy_fwd(k, kt, v, beta, None, cu, ci, 64, BK, BV),
+        "gram": lambda: wy.gram_kernel[grid](k, kt, beta, None, A, cu, ci, H, K=D, BT=64, BK=BK, HAS_G=False,
+                                             **launch_config("gram")),
+        "solve": lambda: solve.unit_lower_inverse(A, cu, ci, k.dtype, **launch_config("solve")),
+        "wu": lambda: wy.wy_fwd(k, kt, v, beta, None, cu, ci, 64, BK, BV, Ainv=Ainv),
         "state_fwd": lambda: state.state_fwd(w, u, kt, None, None, cu, co, NT, 64, BK, BV, False),
         "output_fwd": lambda: output.output_fwd(q, kt, None, h, ubar, scale, cu, ci, 64, BK, BV),
         "output_bwd_local": lambda: output.output_bwd_local(q, kt, None, do, scale, cu, ci, 64, BK, BV),
@@ -92,28 +103,29 @@ def sweep(calls, budget_s):
     """Time every stage under every setting of SPACE (BV only where the stage has value tiles)."""
     import triton.testing
 
-    from osdn_fast.ops import common
+    from osdn_fast.ops.tuning import TUNING
 
-    committed = copy.deepcopy(common.TUNING)
+    committed = copy.deepcopy(TUNING)
     results, start = {}, time.time()
     for stage, call in calls.items():
         results[stage] = []
-        for bv, warps, stages in itertools.product(*SPACE.values()):
+        space = SOLVE_SPACE if stage == "solve" else SPACE
+        for bv, warps, stages in itertools.product(*space.values()):
             if time.time() - start > budget_s:
                 break
-            if "BV" not in committed[stage] and bv != SPACE["BV"][0]:
+            if "BV" not in committed[stage] and bv != space["BV"][0]:
                 continue
             cfg = dict(num_warps=warps, num_stages=stages)
             if "BV" in committed[stage]:
                 cfg["BV"] = bv
-            common.TUNING[stage] = cfg
+            TUNING[stage] = cfg
             try:
                 ms = float(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
             except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
                 ms, cfg = float("nan"), dict(cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
             results[stage].append(dict(cfg, ms=ms))
             print(f"  {stage:17s} {cfg}  {ms:.4f} ms", flush=True)
-        common.TUNING[stage] = committed[stage]
+        TUNING[stage] = committed[stage]
     best = {}
     for stage, rows in results.items():
         ok = [r for r in rows if r["ms"] == r["ms"]]
@@ -150,7 +162,7 @@ def main(argv=None):
     import triton
 
     import osdn_fast
-    from osdn_fast.ops import common
+    from osdn_fast.ops import common, tuning
 
     try:
         from fla.ops.delta_rule import chunk_delta_rule as fla
@@ -163,7 +175,7 @@ def main(argv=None):
     result = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   fla="missing" if fla is None else "0.6.0", shape=SHAPE, options=OPTIONS,
-                  committed_tuning=copy.deepcopy(common.TUNING))
+                  committed_tuning=copy.deepcopy(tuning.TUNING))
     print("committed TUNING, whole op:", flush=True)
     result["committed"] = whole_op(x, fla)
     tables = {"osdn fwd": osdn_fwd, "osdn fwd+bwd": lambda: osdn_fwd().backward(do)}
@@ -180,10 +192,12 @@ def main(argv=None):
     print("sweep:", flush=True)
     result["sweep"], result["best"] = sweep(stage_calls(x, B, T, H, D), args.sweep_budget)
     print("best:", json.dumps(result["best"]), flush=True)
-    common.TUNING.update(result["best"])
+    tuning.TUNING.update(result["best"])
     print("best TUNING, whole op:", flush=True)
     result["tuned"] = whole_op(x, fla)
     os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "tuning.json"), "w") as f:
+        json.dump(tuning.TUNING, f, indent=1)
     with open(os.path.join(args.out, "profile_phase2.json"), "w") as f:
         json.dump(result, f, indent=1)
 

@@ -43,10 +43,11 @@ UNCLIPPED = dict(eta=0.5)  # phase 1 takes its chunk-parallel path without the c
 
 
 def kernel_digest() -> str:
-    """sha256 of osdn_fast/ops/*.py (kernels, launch table, glue): the committed validation must match it."""
+    """sha256 of osdn_fast/ops/*.py but tuning.py (kernels and glue): the committed validation must match it,
+    and its recorded launch settings must equal TUNING."""
     ops = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "osdn_fast", "ops")
     h = hashlib.sha256()
-    for name in sorted(f for f in os.listdir(ops) if f.endswith(".py")):
+    for name in sorted(f for f in os.listdir(ops) if f.endswith(".py") and f != "tuning.py"):
         with open(os.path.join(ops, name), "rb") as f:
             h.update(name.encode() + b"\0" + f.read())
     return h.hexdigest()
@@ -167,10 +168,16 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="directory for gpu_validation.json / .csv")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes (CPU interpreter check of the script)")
     parser.add_argument("--no-timing", action="store_true")
+    parser.add_argument("--tuning", help="JSON {stage: launch settings} applied over osdn_fast.ops.tuning.TUNING "
+                                         "(e.g. profile_phase2.py's best) and recorded")
     args = parser.parse_args(argv)
     import triton
 
-    from osdn_fast.ops.common import TUNING
+    from osdn_fast.ops.tuning import TUNING
+
+    if args.tuning:
+        with open(args.tuning) as f:
+            TUNING.update(json.load(f))
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = SMOKE_SHAPES if args.smoke else SHAPES

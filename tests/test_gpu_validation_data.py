@@ -32,6 +32,9 @@ def test_validates_the_current_kernels():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert load().get("kernel_digest") == module.kernel_digest(), "osdn_fast/ops changed since the GPU validation"
+    from osdn_fast.ops.tuning import TUNING
+
+    assert load().get("tuning") == TUNING, "osdn_fast/ops/tuning.py differs from the validated launch settings"
 
 
 def test_every_row_under_threshold():

@@ -1,12 +1,10 @@
-"""`chunk_osdn` in Triton: phase 1 (the d scan), then the phase-2 WY chunkwise pass as one autograd Function.
+"""`chunk_osdn` in Triton: phase 1 (the d scan, writing k̃ = d ⊙ k), then the phase-2 WY chunkwise pass.
 
-    k̃ = d ⊙ k is formed in PyTorch between the phases (rounded to k's dtype), so autograd routes ∂k̃ into
-    both d (phase 1) and k.
-
-Phase 2 (this module's Function) runs on packed sequences [1, ΣT, H, ·]; a fixed-length batch is packed
-as B sequences of length T. Forward: cumsum → wy → state → output; it keeps the chunks' A⁻¹ (C numbers
-per token) for the backward. Backward recomputes W, U from A⁻¹ and the states, then: local ∂Ū (output) →
-reverse state pass (state) → ∂q, ∂k̃, ∂W (output) → ∂k, ∂k̃, ∂v, ∂β, ∂G (wy) → ∂g (reverse cumsum).
+Phase 2 runs on packed sequences [1, ΣT, H, ·]; a fixed-length batch is packed as B sequences of length T.
+Forward: cumsum → gram → solve → wu → state → output; it keeps the chunks' A⁻¹ (C numbers per token) for the
+backward. Backward recomputes W, U from A⁻¹ and the states, then: local ∂Ū (output) → reverse state pass
+(state) → ∂q, ∂k̃, ∂W (output) → ∂k, ∂k̃, ∂v, ∂β, ∂G (wy) → ∂g (reverse cumsum) → phase 1's reverse scan,
+which turns ∂k̃ into ∂d and ∂k and adds the rest (`ChunkOSDN`). `ChunkOSDNPhase2` is phase 2 alone.
 """
 from __future__ import annotations
 
@@ -20,7 +18,7 @@ from .common import block_dims
 from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
-from .phase1 import preconditioner_scan
+from .phase1 import phase1_bwd_seq, phase1_fwd_seq
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -30,18 +28,45 @@ CHUNK_SIZES = (16, 32, 64)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size):
+    """Packed [1, ΣT, H, ·] inputs → (o, S_final or None, A⁻¹ kept for the backward)."""
+    chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, chunk_size)
+    BK, BV = block_dims(k.shape[-1], v.shape[-1])
+    G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, chunk_size)
+    Ainv, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV)
+    h, ubar, S_final = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, chunk_indices.shape[0],
+                                 chunk_size, BK, BV, output_final_state)
+    o = output_fwd(q, kt, G, h, ubar, scale, cu_seqlens, chunk_indices, chunk_size, BK, BV)
+    return o, S_final, Ainv
+
+
+def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, C):
+    """(∂q, ∂k, ∂k̃, ∂v, ∂β float32; ∂g in g's dtype or None; ∂S0 float32) from ∂o and ∂S_final (either None)."""
+    if do is None:
+        do = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)
+    do = do.contiguous()
+    dS_final = None if dS_final is None else dS_final.float().contiguous()
+    chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, C)
+    NT = chunk_indices.shape[0]
+    BK, BV = block_dims(k.shape[-1], v.shape[-1])
+    G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, C)
+    _, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, C, BK, BV, Ainv=Ainv)
+    h, ubar, _ = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, NT, C, BK, BV, False)
+
+    du_local = output_bwd_local(q, kt, G, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
+    dh, du, dS0 = state_bwd(q, kt, w, G, do, du_local, dS_final, scale, cu_seqlens, chunk_offsets, NT, C, BK, BV)
+    dq, dkt, dw, dG = output_bwd(q, kt, G, h, dh, ubar, du, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
+    dk, dkt, dv, dbeta, dG = wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt, dG, cu_seqlens, chunk_indices, C, BK, BV)
+    dg = None if g is None else chunk_cumsum(dG, cu_seqlens, chunk_indices, C, reverse=True).to(g.dtype)
+    return dq, dk, dkt, dv, dbeta, dg, dS0
+
+
 class ChunkOSDNPhase2(torch.autograd.Function):
-    """(q, k, k̃, v, β, g, S0) packed [1, ΣT, H, ·] → (o, S_final); gradients for all seven inputs."""
+    """Phase 2 alone: (q, k, k̃, v, β, g, S0) packed [1, ΣT, H, ·] → (o, S_final); gradients for all seven."""
 
     @staticmethod
     def forward(ctx, q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size):
-        chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, chunk_size)
-        BK, BV = block_dims(k.shape[-1], v.shape[-1])
-        G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, chunk_size)
-        Ainv, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV)
-        h, ubar, S_final = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, chunk_indices.shape[0],
-                                     chunk_size, BK, BV, output_final_state)
-        o = output_fwd(q, kt, G, h, ubar, scale, cu_seqlens, chunk_indices, chunk_size, BK, BV)
+        o, S_final, Ainv = phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size)
         ctx.save_for_backward(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         ctx.set_materialize_grads(False)
@@ -50,25 +75,47 @@ class ChunkOSDNPhase2(torch.autograd.Function):
     @staticmethod
     def backward(ctx, do, dS_final):
         q, k, kt, v, beta, g, S0, cu_seqlens, Ainv = ctx.saved_tensors
-        scale, C = ctx.scale, ctx.chunk_size
-        if do is None:
-            do = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)
-        do = do.contiguous()
-        dS_final = None if dS_final is None else dS_final.float().contiguous()
-        chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, C)
-        NT = chunk_indices.shape[0]
-        BK, BV = block_dims(k.shape[-1], v.shape[-1])
-        G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, C)
-        _, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, C, BK, BV, Ainv=Ainv)
-        h, ubar, _ = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, NT, C, BK, BV, False)
-
-        du_local = output_bwd_local(q, kt, G, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
-        dh, du, dS0 = state_bwd(q, kt, w, G, do, du_local, dS_final, scale, cu_seqlens, chunk_offsets, NT, C, BK, BV)
-        dq, dkt, dw, dG = output_bwd(q, kt, G, h, dh, ubar, du, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
-        dk, dkt, dv, dbeta, dG = wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt, dG, cu_seqlens, chunk_indices, C, BK, BV)
-        dg = None if g is None else chunk_cumsum(dG, cu_seqlens, chunk_indices, C, reverse=True).to(g.dtype)
+        dq, dk, dkt, dv, dbeta, dg, dS0 = phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final,
+                                                     ctx.scale, ctx.chunk_size)
         return (dq.to(q.dtype), dk.to(k.dtype), dkt.to(kt.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dg,
                 None if S0 is None else dS0, None, None, None, None)
+
+
+class ChunkOSDN(torch.autograd.Function):
+    """The whole op: phase 1 (sequential scan, which also writes k̃ = d ⊙ k in k's dtype), then phase 2.
+
+    Backward: phase 2's, then phase 1's reverse scan, which takes ∂k̃ (∂d_t += ∂k̃_t ⊙ k_t, ∂k_t += ∂k̃_t ⊙ d_t)
+    and adds phase 2's ∂k, ∂β, so that every gradient is summed in float32 and written once.
+    Inputs [B, T, H, ·] (B = 1 with cu_seqlens); `eta` [H] float32; `p1` phase 1's options.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
+        B, T = k.shape[:2]
+        d_all, d_final, kt = phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1)
+        cu = uniform_cu_seqlens(B, T, q.device) if cu_seqlens is None else cu_seqlens
+        pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
+        o, S_final, Ainv = phase2_fwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, scale,
+                                      output_final_state, chunk_size)
+        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, Ainv)
+        ctx.p1, ctx.scale, ctx.chunk_size = p1, scale, chunk_size
+        ctx.set_materialize_grads(False)
+        return o.reshape(v.shape), S_final, d_final
+
+    @staticmethod
+    def backward(ctx, do, dS_final, dd_final):
+        q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, Ainv = ctx.saved_tensors
+        B, T = k.shape[:2]
+        pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
+        dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
+                                                       pk(do), dS_final, ctx.scale, ctx.chunk_size)
+        dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
+            k, beta, r, eta, d_all, None, None if dd_final is None else dd_final.float().contiguous(),
+            cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2), **ctx.p1)
+        shaped = lambda x, ref: None if x is None else x.reshape(ref.shape).to(ref.dtype)  # noqa: E731
+        return (shaped(dq, q), dk, shaped(dv, v), dbeta, None if g is None else dg.reshape(g.shape),
+                None if r is None else dr.to(r.dtype), None if S0 is None else dS0,
+                None if d0 is None else dd0.to(d0.dtype), deta.sum(0), None, None, None, None, None)
 
 
 def _check_runtime(q: torch.Tensor, chunk_size: int) -> None:
@@ -100,15 +147,14 @@ def chunk_osdn(q, k, v, beta, *, eta, g=None, r=None, scale=None, initial_state=
     S0, d0 = initial_state if initial_state is not None else (None, None)
 
     if isinstance(eta, torch.Tensor):
-        eta = eta.reshape(-1).expand(H)
-    d_all, d_final = preconditioner_scan(k, beta, eta=eta, r=r, d0=d0, d_min=d_min, d_max=d_max,
-                                         beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
-    kt = (d_all * k).to(k.dtype)
-
-    cu = uniform_cu_seqlens(B, T, q.device) if cu_seqlens is None else cu_seqlens.to(torch.int32)
-    packed = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:]).contiguous()  # noqa: E731
-    o, S = ChunkOSDNPhase2.apply(
-        packed(q), packed(k), packed(kt), packed(v), packed(beta), packed(g),
-        None if S0 is None else S0.float().contiguous(), cu.contiguous(), scale, output_final_state, chunk_size)
-    o = o.reshape(B, T, H, V)
+        eta = eta.reshape(-1).expand(H).float().contiguous()
+    else:
+        eta = torch.full((H,), float(eta), dtype=torch.float32, device=q.device)
+    contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
+    p1 = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize)
+    o, S, d_final = ChunkOSDN.apply(
+        q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), contig(g), contig(r),
+        None if S0 is None else S0.float().contiguous(), contig(d0), eta,
+        None if cu_seqlens is None else cu_seqlens.to(torch.int32).contiguous(), p1, scale, output_final_state,
+        chunk_size)
     return o, ((S, d_final) if output_final_state else None)

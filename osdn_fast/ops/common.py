@@ -12,6 +12,8 @@ import os
 import triton
 import triton.language as tl
 
+from .tuning import TUNING
+
 if os.environ.get("TRITON_INTERPRET") == "1":
     @triton.jit
     def mm(a, b):
@@ -82,22 +84,9 @@ def block_dims(K: int, V: int) -> tuple[int, int]:
     return BK, BV
 
 
-# Launch settings per stage for K ≤ 128 (BK > 128 halves BV and uses 8 warps). Chosen from the H200 sweep of
-# benchmarks/profile_phase2.py (see benchmarks/NOTES.md); `None` for BV keeps block_dims' value.
-TUNING = {
-    "wy_fwd": dict(num_warps=4, num_stages=2),
-    "wy_bwd": dict(num_warps=4, num_stages=2),
-    "state_fwd": dict(BV=32, num_warps=4, num_stages=2),
-    "state_bwd": dict(BV=32, num_warps=4, num_stages=2),
-    "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
-    "output_bwd_local": dict(BV=64, num_warps=4, num_stages=2),
-    "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
-}
-
-
 def launch(stage: str, BK: int, BV: int) -> tuple[int, dict]:
     """(BV, {num_warps, num_stages}) for one stage: TUNING's entry, bounded by the value tile block_dims allows."""
     cfg = TUNING[stage]
     bv = min(cfg.get("BV") or BV, BV)
-    warps = max(cfg["num_warps"], 8) if BK > 128 else cfg["num_warps"]
+    warps = max(cfg["num_warps"], 8) if BK > 128 and stage != "solve" else cfg["num_warps"]
     return bv, dict(num_warps=warps, num_stages=cfg["num_stages"])

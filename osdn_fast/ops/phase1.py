@@ -78,14 +78,16 @@ def _load_token_bwd(k, beta, r, d_all, gd_all, t, ok, h, H, K, offs, HAS_R: tl.c
 
 @triton.jit
 def phase1_fwd_seq_kernel(
-    k, beta, r, d0, eta, d_all, d_final, cu_seqlens,
+    k, beta, r, d0, eta, d_all, d_final, kt_out, cu_seqlens,
     T, H, K, eps, d_min, d_max,
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
+    STORE_KT: tl.constexpr,
 ):
     """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token. The inputs
     of token t + 4 are loaded at step t (a four-deep register pipeline), so a load's latency (~1 µs from HBM)
-    hides behind four steps of the chain instead of one."""
+    hides behind four steps of the chain instead of one. STORE_KT also writes the write key k̃_t = d_t ⊙ k_t
+    (in k's dtype) for phase 2."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -108,6 +110,8 @@ def phase1_fwd_seq_kernel(
         k4, b4, r4 = _load_token(k, beta, r, t + 4, t + 4 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
         tl.store(d_all + (t * H + h) * K + offs, d, mask=mask)
         kt = kt.to(tl.float32)
+        if STORE_KT:
+            tl.store(kt_out + (t * H + h) * K + offs, d * kt, mask=mask)
         a = kt * kt
         w, _, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
         d = rt * d + w * a
@@ -120,15 +124,17 @@ def phase1_fwd_seq_kernel(
 
 @triton.jit
 def phase1_bwd_seq_kernel(
-    k, beta, r, eta, d_all, gd_all, gd_final, cu_seqlens,
+    k, beta, r, eta, d_all, gd_all, gd_final, dkt_in, dk_in, dbeta_in, cu_seqlens,
     dk, dbeta, dr, dd0, deta,
     T, H, K, eps, d_min, d_max,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, HAS_GD_FINAL: tl.constexpr,
-    IS_VARLEN: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr,
 ):
     """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
-    Inputs of token t − 2 are loaded at step t (a two-deep pipeline: each token brings k, d and ∂L/∂d)."""
+    Inputs of token t − 2 are loaded at step t (a two-deep pipeline: each token brings k, d and ∂L/∂d).
+    FUSED (after phase 2): ∂k̃_t arrives too, so ∂L/∂d_t gains ∂k̃_t ⊙ k_t and ∂k_t gains ∂k̃_t ⊙ d_t; phase 2's
+    ∂k_t and ∂β_t are added in, and the sums are stored in the inputs' dtypes."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -151,6 +157,13 @@ def phase1_bwd_seq_kernel(
         k2, b2, r2, d2, g2 = _load_token_bwd(k, beta, r, d_all, gd_all, t - 2, t - 2 >= bos, h, H, K, offs,
                                              HAS_R, BETA_AWARE, HAS_GD_ALL)
         kt = kt.to(tl.float32)
+        if FUSED:
+            row = (t * H + h) * K + offs
+            dkt_t = tl.load(dkt_in + row, mask=mask, other=0.0)
+            gd += dkt_t * kt
+            dk_t = tl.load(dk_in + row, mask=mask, other=0.0) + dkt_t * d
+        else:
+            dk_t = tl.zeros([BK], dtype=tl.float32)
         a = kt * kt
         s = tl.sum(d * a, axis=0)
         w, c, nu = _gains(eta_h, b, s, a, eps, NORMALIZE)
@@ -166,10 +179,16 @@ def phase1_bwd_seq_kernel(
         da = w * dz + gs * d
         if NORMALIZE:
             da = da - w * p * nu
-        tl.store(dk + (t * H + h) * K + offs, 2.0 * kt * da, mask=mask)
+        tl.store(dk + (t * H + h) * K + offs, dk_t + 2.0 * kt * da, mask=mask)
         deta_acc += p * b * (1.0 - b * s) * nu
+        if FUSED:
+            db_t = tl.load(dbeta_in + t * H + h)
+        else:
+            db_t = 0.0
         if BETA_AWARE:
-            tl.store(dbeta + t * H + h, p * eta_h * (1.0 - 2.0 * b * s) * nu)
+            db_t += p * eta_h * (1.0 - 2.0 * b * s) * nu
+        if BETA_AWARE or FUSED:
+            tl.store(dbeta + t * H + h, db_t)
         if HAS_R:
             tl.store(dr + t * H + h, tl.sum(dz * d, axis=0))
         lam = rt * dz + gs * a + gd
@@ -194,39 +213,48 @@ def _flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K):
     )
 
 
-def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens):
-    """Sequential forward: returns (d_all [B, T, H, K] float32, d_final [N, H, K] float32)."""
+def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False):
+    """Sequential forward: (d_all [B, T, H, K] float32, d_final [N, H, K] float32, k̃ = d ⊙ k in k's dtype or
+    None without `store_kt`)."""
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     d_all = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
     d_final = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
+    kt = torch.empty_like(k) if store_kt else None
     phase1_fwd_seq_kernel[(N, H)](
         k, beta, r if r is not None else beta, d0 if d0 is not None else d_final, eta, d_all, d_final,
-        cu_seqlens if cu_seqlens is not None else d_final,
+        kt if store_kt else d_final, cu_seqlens if cu_seqlens is not None else d_final,
         T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-        HAS_D0=d0 is not None, **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K),
+        HAS_D0=d0 is not None, STORE_KT=store_kt, **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K),
         num_warps=_seq_warps(_block_k(K)),
     )
-    return d_all, d_final
+    return d_all, d_final, kt
 
 
-def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens):
-    """Sequential backward: (dk, dbeta, dr, dd0, deta [N, H]) in float32 (dr None without r)."""
+def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
+                   phase2_grads=None):
+    """Sequential backward: (dk, dbeta, dr, dd0, deta [N, H]), float32 (dr None without r). With `phase2_grads`
+    = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's shapes), the fused form: ∂k and ∂β are the totals, in k's
+    and β's dtypes."""
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     f32 = dict(dtype=torch.float32, device=k.device)
-    dk = torch.empty(B, T, H, K, **f32)
-    dbeta = torch.zeros(B, T, H, **f32) if not beta_aware else torch.empty(B, T, H, **f32)
+    fused = phase2_grads is not None
+    dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
+    if fused:
+        dbeta = torch.empty_like(beta)
+    else:
+        dbeta = torch.zeros(B, T, H, **f32) if not beta_aware else torch.empty(B, T, H, **f32)
     dr = torch.empty(B, T, H, **f32) if r is not None else None
     dd0 = torch.empty(N, H, K, **f32)
     deta = torch.empty(N, H, **f32)
     phase1_bwd_seq_kernel[(N, H)](
         k, beta, r if r is not None else beta, eta, d_all,
         gd_all if gd_all is not None else d_all, gd_final if gd_final is not None else dd0,
-        cu_seqlens if cu_seqlens is not None else dd0,
+        *(phase2_grads if fused else (dd0, dd0, dd0)), cu_seqlens if cu_seqlens is not None else dd0,
         dk, dbeta, dr if dr is not None else dbeta, dd0, deta,
         T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-        HAS_GD_ALL=gd_all is not None, HAS_GD_FINAL=gd_final is not None,
+        HAS_GD_ALL=gd_all is not None, HAS_GD_FINAL=gd_final is not None, FUSED=fused,
         **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K), num_warps=_seq_warps(_block_k(K)),
     )
     return dk, dbeta, dr, dd0, deta
@@ -248,7 +276,7 @@ class Phase1Function(torch.autograd.Function):
 
             d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, **chunk)
         else:
-            d_all, d_final = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
+            d_all, d_final, _ = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
         ctx.save_for_backward(k, beta, r, d0, eta, d_all, cu_seqlens)
         ctx.opts, ctx.chunk = opts, chunk
         return d_all, d_final

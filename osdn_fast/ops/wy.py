@@ -3,7 +3,7 @@
 With Γ_ij = exp(G_i − G_j) (G the in-chunk cumulative log-decay), per chunk:
 
     A    = strict_lower(diag(β) (K K̃ᵀ ⊙ Γ))      A_ij = β_i ⟨k_i, k̃_j⟩ e^{G_i − G_j}, j < i
-    A⁻¹  = (I + A)⁻¹                              unit lower triangular, by forward substitution
+    A⁻¹  = (I + A)⁻¹                              unit lower triangular, blockwise (solve.py)
     T    = A⁻¹ diag(β)
     W    = T (K ⊙ e^G)        (the RAW key)       U = T V
 
@@ -22,31 +22,7 @@ import triton
 import triton.language as tl
 
 from .common import chunk_rows, launch, load_gate, load_tile, mm, store_tile
-
-
-@triton.jit
-def unit_lower_inverse(A, BT: tl.constexpr):
-    """(I + A)⁻¹ for strictly lower A [BT, BT], BT a multiple of 16.
-
-    First the 16×16 diagonal blocks, all at once by forward substitution: row i of N = D − I is
-    −A_i − Σ_{j<i} A_ij N_j (rows i, 16 + i, … have disjoint columns, so one pass serves every block).
-    Then block rows b = 1, 2, … in turn: X_b = D_b (e_b − Σ_{m<b} A_bm X_m), in full float32.
-    """
-    o_i = tl.arange(0, BT)
-    same = (o_i[:, None] // 16) == (o_i[None, :] // 16)
-    N = tl.where(same, -A, 0.0)
-    for i in range(1, 16):
-        is_row = (o_i % 16)[:, None] == i
-        row = tl.sum(tl.where(is_row, N, 0.0), axis=0)
-        row = row + tl.sum(row[:, None] * N, axis=0)
-        N = tl.where(is_row & same, row[None, :], N)
-    D = N + tl.where(o_i[:, None] == o_i[None, :], 1.0, 0.0)
-    X = D
-    for b in range(1, BT // 16):
-        in_b = (o_i // 16)[:, None] == b
-        R = tl.dot(tl.where(in_b & ((o_i // 16)[None, :] < b), A, 0.0), X, input_precision="ieee")
-        X = X - tl.dot(tl.where(in_b, D, 0.0), R, input_precision="ieee")
-    return X
+from .solve import unit_lower_inverse
 
 
 @triton.jit
@@ -67,25 +43,30 @@ def gram_decay(b_g, BT: tl.constexpr, STRICT: tl.constexpr, TRANSPOSED: tl.const
 
 
 @triton.jit
-def wy_fwd_kernel(k, kt, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
-                  K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
-                  HAS_G: tl.constexpr, SOLVE: tl.constexpr):
-    # SOLVE: form A and its inverse and store A⁻¹; else (the backward's recompute) load the stored A⁻¹
+def gram_kernel(k, kt, beta, G, A, cu_seqlens, chunk_indices, H,
+                K: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, HAS_G: tl.constexpr):
+    """A = strict_lower(diag(β) (K K̃ᵀ ⊙ Γ)), float32, for the solve."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
     o_i, o_k = tl.arange(0, BT), tl.arange(0, BK)
-    b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
     b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
-    if SOLVE:
-        b_A = mm(b_k, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k))) * gram_decay(b_g, BT, True)
-        b_Ai = unit_lower_inverse(b_A * b_b[:, None], BT).to(Ainv.dtype.element_ty)
-        store_tile(Ainv, b_Ai, o_t, m_t, i_h, H, BT, o_i)
-    else:
-        b_Ai = load_tile(Ainv, o_t, m_t, i_h, H, BT, o_i)
+    b_A = mm(load_tile(k, o_t, m_t, i_h, H, K, o_k), tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
+    store_tile(A, b_A * gram_decay(b_g, BT, True) * b_b[:, None], o_t, m_t, i_h, H, BT, o_i)
 
-    b_T = (b_Ai.to(tl.float32) * b_b[None, :]).to(k.dtype.element_ty)
-    b_kg = (b_k.to(tl.float32) * tl.exp(b_g)[:, None]).to(k.dtype.element_ty)
+
+@triton.jit
+def wu_kernel(k, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
+              K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
+              HAS_G: tl.constexpr):
+    """W = A⁻¹ diag(β) (K ⊙ e^G), U = A⁻¹ diag(β) V, in k's dtype."""
+    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    _, o_t, m_t, _ = chunk_rows(cu_seqlens, chunk_indices, i_t, BT)
+    o_i, o_k = tl.arange(0, BT), tl.arange(0, BK)
+    b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
+    b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
+    b_T = (load_tile(Ainv, o_t, m_t, i_h, H, BT, o_i).to(tl.float32) * b_b[None, :]).to(k.dtype.element_ty)
+    b_kg = (load_tile(k, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * tl.exp(b_g)[:, None]).to(k.dtype.element_ty)
     store_tile(w, mm(b_T, b_kg), o_t, m_t, i_h, H, K, o_k)
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
@@ -160,15 +141,17 @@ def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV, Ain
     """(A⁻¹ [1, ΣT, H, C], W [1, ΣT, H, K], U [1, ΣT, H, V]) in k's dtype; a given A⁻¹ is reused, not re-solved."""
     _, T, H, K = k.shape
     V = v.shape[-1]
-    like = dict(dtype=k.dtype, device=k.device)
-    solve = Ainv is None
-    if solve:
-        Ainv = torch.empty(1, T, H, chunk_size, **like)
-    w, u = torch.empty(1, T, H, K, **like), torch.empty(1, T, H, V, **like)
-    BV, opts = launch("wy_fwd", BK, BV)
-    wy_fwd_kernel[(chunk_indices.shape[0], H)](
-        k, kt, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
-        K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, SOLVE=solve, **opts)
+    grid = (chunk_indices.shape[0], H)
+    if Ainv is None:
+        A = torch.empty(1, T, H, chunk_size, dtype=torch.float32, device=k.device)
+        _, opts = launch("gram", BK, BV)
+        gram_kernel[grid](k, kt, beta, G, A, cu_seqlens, chunk_indices, H, K=K, BT=chunk_size, BK=BK,
+                          HAS_G=G is not None, **opts)
+        Ainv = unit_lower_inverse(A, cu_seqlens, chunk_indices, k.dtype, **launch("solve", BK, BV)[1])
+    w, u = torch.empty(1, T, H, K, dtype=k.dtype, device=k.device), torch.empty(1, T, H, V, dtype=k.dtype, device=k.device)
+    BV, opts = launch("wu", BK, BV)
+    wu_kernel[grid](k, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
+                    K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, **opts)
     return Ainv, w, u
 
 

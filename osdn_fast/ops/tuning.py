@@ -1,0 +1,21 @@
+"""Launch settings (value tile BV, warps, pipeline stages) of each phase-2 stage, for K <= 128.
+
+Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
+(8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md). Kept apart from the kernels: these numbers change only how
+the work is split (at most the order of float32 sums), so the GPU validation (book/data/gpu_validation.json)
+records them and a test compares them, while the kernels' digest covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
+"""
+
+TUNING = {
+    "gram": dict(num_warps=4, num_stages=1),
+    "solve": dict(num_warps=2, num_stages=1),
+    "wu": dict(BV=64, num_warps=4, num_stages=2),
+    "wy_bwd": dict(num_warps=4, num_stages=3),
+    "state_fwd": dict(BV=64, num_warps=4, num_stages=2),
+    "state_bwd": dict(BV=64, num_warps=4, num_stages=1),
+    "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
+    "output_bwd_local": dict(BV=64, num_warps=4, num_stages=3),
+    "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
+}
+
+
