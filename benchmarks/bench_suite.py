@@ -17,6 +17,7 @@ ceiling and peak memory. Writes `bench_suite.json` and `bench_suite.csv` into --
 from __future__ import annotations
 
 import argparse
+import copy
 import csv
 import datetime as dt
 import json
@@ -24,13 +25,15 @@ import math
 import os
 import platform
 import sys
+import time
 
 import torch
 
 SHAPES = [(8, 2048, 16, 128), (4, 4096, 16, 128), (2, 8192, 16, 128), (1, 16384, 16, 128), (2, 4096, 32, 64)]
 T_SWEEP = [(2, T, 16, 128) for T in (1024, 2048, 4096, 8192, 16384)]
 SMOKE_SHAPES = [(1, 40, 2, 16)]
-REF_MAX_TOKENS = 8 * 2048  # B*T above which the PyTorch reference is not timed (its phase 1 loops in Python)
+REF_MAX_T = 4096  # T above which the PyTorch reference is not timed (its phase 1 loops over tokens in Python:
+#                   ~0.3 s per 1000 tokens forward, 3-4x that forward+backward; one call per mode, see timed_once)
 
 
 def make_inputs(B, T, H, D, dtype, device, gate, apf, seed=0):
@@ -65,6 +68,19 @@ def timed(fn, grad_inputs, smoke):
         fn()
         return float("nan")
     return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_inputs, return_mode="median")
+
+
+def timed_once(fn, device):
+    """(ms, peak MiB) of a single synchronized call: for the PyTorch reference, whose calls take seconds."""
+    if device != "cuda":
+        return float("nan"), float("nan")
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return 1e3 * (time.perf_counter() - start), (torch.cuda.max_memory_allocated() - base) / 2**20
 
 
 def peak_memory(fn, device):
@@ -106,16 +122,19 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
     B, T, H, D = shape
     eta = 0.003
 
-    def run(name, kind, call, inputs, do):
+    def run(name, kind, call, inputs, do, once=False):
         grads = [x for x in inputs if x is not None and x.requires_grad]
         fwd = lambda: call()  # noqa: E731
         fwdbwd = lambda: call().backward(do)  # noqa: E731
         for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
-            note = None
+            note = "one call (wall clock, synchronized), not a median" if once else None
             try:
                 with torch.no_grad() if mode == "fwd" else torch.enable_grad():
-                    ms = timed(fn, grads, smoke)
-                    mem = peak_memory(fn, device)
+                    if once and not smoke:
+                        ms, mem = timed_once(fn, device)
+                    else:
+                        ms = timed(fn, grads, smoke)
+                        mem = peak_memory(fn, device)
             except RuntimeError as err:  # fla refuses its gated backward on Hopper with Triton 3.4-3.7.0 (#640)
                 ms, mem, note = float("nan"), float("nan"), str(err).splitlines()[0][:200]
                 print(f"{name} {mode} refused: {note}", flush=True)
@@ -140,9 +159,9 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
         if not sweep_only and name == "osdn":  # the chunk-parallel phase 1 (no clip), opt-in
             p1c = lambda k=k, beta=beta: preconditioner_scan(k, beta, eta=eta, chunked=True)[0]  # noqa: E731
             run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))
-        if not sweep_only and name == "osdn" and B * T <= REF_MAX_TOKENS:
+        if not sweep_only and name == "osdn" and T <= REF_MAX_T:
             call_ref = lambda x=x: osdn_ref.chunk_osdn(**x, eta=eta)[0]  # noqa: E731
-            run("osdn_ref", "pytorch", call_ref, leaves, do)
+            run("osdn_ref", "pytorch", call_ref, leaves, do, once=True)
 
     if have_fla:
         from fla.ops.delta_rule import chunk_delta_rule
@@ -188,7 +207,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, one call each, no timing (CPU check)")
+    ap.add_argument("--tuning", help="JSON {stage: launch settings} applied over osdn_fast.ops.tuning.TUNING")
     args = ap.parse_args(argv)
+    from osdn_fast.ops.tuning import TUNING
+
+    if args.tuning:
+        with open(args.tuning) as f:
+            TUNING.update(json.load(f))
     os.makedirs(args.out, exist_ok=True)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
@@ -210,7 +235,8 @@ def main(argv=None):
         torch=torch.__version__, triton=triton.__version__,
         fla=__import__("fla").__version__ if have_fla else None,
         dtype=str(dtype), copy_ceiling_gbs=copy_ceiling_gbs(device, args.smoke),
-        timing="triton.testing.do_bench, median, warmup 25 ms, rep 100 ms",
+        timing="triton.testing.do_bench, median, warmup 25 ms, rep 100 ms (osdn_ref: one call per mode, T <= 4096)",
+        tuning=copy.deepcopy(TUNING),
     )
     rows = []
     plan = [(shape, False) for shape in (SMOKE_SHAPES if args.smoke else SHAPES)]
