@@ -121,10 +121,14 @@ def sweep(calls, budget_s):
             TUNING[stage] = cfg
             try:
                 ms = float(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
+                torch.cuda.synchronize()
             except Exception as e:  # noqa: BLE001 (a setting that does not compile or fit is reported, not fatal)
                 ms, cfg = float("nan"), dict(cfg, error=f"{type(e).__name__}: {str(e)[:200]}")
             results[stage].append(dict(cfg, ms=ms))
             print(f"  {stage:17s} {cfg}  {ms:.4f} ms", flush=True)
+            if "illegal" in cfg.get("error", ""):  # the CUDA context is lost: nothing after this can run
+                TUNING[stage] = committed[stage]
+                return results, {}, f"{stage} {cfg}"
         TUNING[stage] = committed[stage]
     best = {}
     for stage, rows in results.items():
@@ -132,7 +136,7 @@ def sweep(calls, budget_s):
         if ok:
             r = min(ok, key=lambda r: r["ms"])
             best[stage] = {k: r[k] for k in ("BV", "num_warps", "num_stages") if k in r}
-    return results, best
+    return results, best, None
 
 
 def whole_op(x, fla):
@@ -189,15 +193,19 @@ def main(argv=None):
         print(f"{name}: {sum(r[1] for r in rows):.1f} µs of kernels", flush=True)
         for kname, us, n in rows[:14]:
             print(f"  {us:9.1f} µs  ×{n:4.1f}  {kname}", flush=True)
+    save(args.out, "profile_phase2.json", result)
     print("sweep:", flush=True)
-    result["sweep"], result["best"] = sweep(stage_calls(x, B, T, H, D), args.sweep_budget)
+    result["sweep"], result["best"], result["sweep_fault"] = sweep(stage_calls(x, B, T, H, D), args.sweep_budget)
+    save(args.out, "profile_phase2.json", result)
+    if result["sweep_fault"]:
+        print(f"sweep stopped: illegal memory access at {result['sweep_fault']}; no tuned run", flush=True)
+        return
     print("best:", json.dumps(result["best"]), flush=True)
     tuning.TUNING.update(result["best"])
     print("best TUNING, whole op:", flush=True)
     result["tuned"] = whole_op(x, fla)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "tuning.json"), "w") as f:
-        json.dump(tuning.TUNING, f, indent=1)
+    save(args.out, "profile_phase2.json", result)
+    save(args.out, "tuning.json", tuning.TUNING)
     with open(os.path.join(args.out, "profile_phase2.json"), "w") as f:
         json.dump(result, f, indent=1)
 
