@@ -63,17 +63,28 @@ def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWAR
 
 
 @triton.jit
-def _load_token_bwd(k, beta, r, d_all, gd_all, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
-                    HAS_GD_ALL: tl.constexpr):
-    """_load_token plus d_t and ∂L/∂d_t (direct; zeros without it), for the reverse scan."""
+def _load_token_bwd(k, beta, r, d_all, gd_all, dkt_in, dk_in, dbeta_in, t, ok, h, H, K, offs,
+                    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, HAS_GD_ALL: tl.constexpr, FUSED: tl.constexpr):
+    """Everything the reverse scan reads at token t, so that it can be loaded steps ahead: k_t, b_t, r_t, d_t,
+    the direct ∂L/∂d_t (plus ∂k̃_t ⊙ k_t when FUSED), and when FUSED the ∂k_t and ∂β_t that do not pass through
+    the scan (phase 2's ∂k_t + ∂k̃_t ⊙ d_t, phase 2's ∂β_t); zeros where absent."""
     kt, b, rt = _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R, BETA_AWARE)
     m = offs < tl.where(ok, K, 0)
-    d = tl.load(d_all + (t * H + h) * K + offs, mask=m, other=0.0)
+    row = (t * H + h) * K + offs
+    d = tl.load(d_all + row, mask=m, other=0.0)
     if HAS_GD_ALL:
-        gd = tl.load(gd_all + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32)
+        gd = tl.load(gd_all + row, mask=m, other=0.0).to(tl.float32)
     else:
         gd = tl.zeros([offs.shape[0]], dtype=tl.float32)
-    return kt, b, rt, d, gd
+    if FUSED:
+        dkt = tl.load(dkt_in + row, mask=m, other=0.0)
+        gd += dkt * kt.to(tl.float32)
+        dk_x = tl.load(dk_in + row, mask=m, other=0.0) + dkt * d
+        db_x = tl.load(dbeta_in + t * H + h, mask=ok, other=0.0)
+    else:
+        dk_x = tl.zeros([offs.shape[0]], dtype=tl.float32)
+        db_x = 0.0
+    return kt, b, rt, d, gd, dk_x, db_x
 
 
 @triton.jit
@@ -132,7 +143,8 @@ def phase1_bwd_seq_kernel(
     IS_VARLEN: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr,
 ):
     """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
-    Inputs of token t − 2 are loaded at step t (a two-deep pipeline: each token brings k, d and ∂L/∂d).
+    Inputs of token t − 2 are loaded at step t (a two-deep pipeline: each token brings k, d, ∂L/∂d and, FUSED,
+    phase 2's gradients).
     FUSED (after phase 2): ∂k̃_t arrives too, so ∂L/∂d_t gains ∂k̃_t ⊙ k_t and ∂k_t gains ∂k̃_t ⊙ d_t; phase 2's
     ∂k_t and ∂β_t are added in, and the sums are stored in the inputs' dtypes."""
     n = tl.program_id(0)
@@ -146,24 +158,16 @@ def phase1_bwd_seq_kernel(
         lam = tl.zeros([BK], dtype=tl.float32)
     eta_h = tl.load(eta + h).to(tl.float32)
     deta_acc = eta_h * 0.0
-    k1, b1, r1, d1, g1 = _load_token_bwd(k, beta, r, d_all, gd_all, eos - 1, eos - 1 >= bos, h, H, K, offs,
-                                         HAS_R, BETA_AWARE, HAS_GD_ALL)
-    k2, b2, r2, d2, g2 = _load_token_bwd(k, beta, r, d_all, gd_all, eos - 2, eos - 2 >= bos, h, H, K, offs,
-                                         HAS_R, BETA_AWARE, HAS_GD_ALL)
+    srcs = (k, beta, r, d_all, gd_all, dkt_in, dk_in, dbeta_in)
+    flags = (HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+    k1, b1, r1, d1, g1, x1, y1 = _load_token_bwd(*srcs, eos - 1, eos - 1 >= bos, h, H, K, offs, *flags)
+    k2, b2, r2, d2, g2, x2, y2 = _load_token_bwd(*srcs, eos - 2, eos - 2 >= bos, h, H, K, offs, *flags)
     for i in range(0, eos - bos):
         t = eos - 1 - i
-        kt, b, rt, d, gd = k1, b1, r1, d1, g1
-        k1, b1, r1, d1, g1 = k2, b2, r2, d2, g2
-        k2, b2, r2, d2, g2 = _load_token_bwd(k, beta, r, d_all, gd_all, t - 2, t - 2 >= bos, h, H, K, offs,
-                                             HAS_R, BETA_AWARE, HAS_GD_ALL)
+        kt, b, rt, d, gd, dk_t, db_t = k1, b1, r1, d1, g1, x1, y1
+        k1, b1, r1, d1, g1, x1, y1 = k2, b2, r2, d2, g2, x2, y2
+        k2, b2, r2, d2, g2, x2, y2 = _load_token_bwd(*srcs, t - 2, t - 2 >= bos, h, H, K, offs, *flags)
         kt = kt.to(tl.float32)
-        if FUSED:
-            row = (t * H + h) * K + offs
-            dkt_t = tl.load(dkt_in + row, mask=mask, other=0.0)
-            gd += dkt_t * kt
-            dk_t = tl.load(dk_in + row, mask=mask, other=0.0) + dkt_t * d
-        else:
-            dk_t = tl.zeros([BK], dtype=tl.float32)
         a = kt * kt
         s = tl.sum(d * a, axis=0)
         w, c, nu = _gains(eta_h, b, s, a, eps, NORMALIZE)
@@ -181,10 +185,6 @@ def phase1_bwd_seq_kernel(
             da = da - w * p * nu
         tl.store(dk + (t * H + h) * K + offs, dk_t + 2.0 * kt * da, mask=mask)
         deta_acc += p * b * (1.0 - b * s) * nu
-        if FUSED:
-            db_t = tl.load(dbeta_in + t * H + h)
-        else:
-            db_t = 0.0
         if BETA_AWARE:
             db_t += p * eta_h * (1.0 - 2.0 * b * s) * nu
         if BETA_AWARE or FUSED:
