@@ -18,7 +18,8 @@ from .common import block_dims
 from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
-from .phase1 import phase1_bwd_seq, phase1_fwd_seq
+from .phase1 import phase1_bwd_seq
+from .phase1_parallel import phase1_fwd_parallel
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -84,7 +85,8 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
 
 class ChunkOSDN(torch.autograd.Function):
-    """The whole op: phase 1 (sequential scan, which also writes k̃ = d ⊙ k in k's dtype), then phase 2.
+    """The whole op: phase 1 (the chunk-parallel fixed point, which also writes k̃ = d ⊙ k in k's dtype), then
+    phase 2.
 
     Backward: phase 2's, then phase 1's reverse scan, which takes ∂k̃ (∂d_t += ∂k̃_t ⊙ k_t, ∂k_t += ∂k̃_t ⊙ d_t)
     and adds phase 2's ∂k, ∂β, so that every gradient is summed in float32 and written once.
@@ -94,7 +96,8 @@ class ChunkOSDN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
         B, T = k.shape[:2]
-        d_all, d_final, kt = phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1)
+        d_all, d_final, kt = phase1_fwd_parallel(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,
+                                                 chunk_size=chunk_size, **p1)
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
         else:
