@@ -142,3 +142,163 @@ def phase1_fwd_parallel(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normal
         BT=chunk_size, STORE_KT=store_kt, num_warps=4,
     )
     return d_all, d_final, kt
+
+
+@triton.jit
+def _token_terms(k, beta, r, d_all, gd_all, dkt_in, tok, ok, h, H, K, o_k, m_k, eta_h, eps, d_min, d_max,
+                 HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
+                 HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, FUSED: tl.constexpr):
+    """For the tokens `tok` [BT] (rows where ok): k, a = k², d, s, w, c, ν, r, b, the clip mask of the step and
+    the direct ∂L/∂d_t (with ∂k̃_t ⊙ k_t when FUSED): the reverse scan's per-token arithmetic, as a tile."""
+    tile = ok[:, None] & m_k[None, :]
+    rows = (tok[:, None] * H + h) * K + o_k[None, :]
+    kk = tl.load(k + rows, mask=tile, other=0.0).to(tl.float32)
+    a = kk * kk
+    d = tl.load(d_all + rows, mask=tile, other=0.0)
+    if BETA_AWARE:
+        b = tl.load(beta + tok * H + h, mask=ok, other=0.0).to(tl.float32)
+    else:
+        b = tl.where(ok, 1.0, 0.0)
+    if HAS_R:
+        rr = tl.load(r + tok * H + h, mask=ok, other=1.0).to(tl.float32)
+    else:
+        rr = tl.full(ok.shape, 1.0, tl.float32)
+    if NORMALIZE:
+        nu = 1.0 / (tl.sum(a, axis=1) + eps)
+    else:
+        nu = tl.full(ok.shape, 1.0, tl.float32)
+    s = tl.sum(d * a, axis=1)
+    w = eta_h * b * (1.0 - b * s) * nu
+    c = eta_h * b * b * nu
+    z = rr[:, None] * d + w[:, None] * a
+    keep = tile
+    if HAS_MIN:
+        keep = keep & (z >= d_min)
+    if HAS_MAX:
+        keep = keep & (z <= d_max)
+    if HAS_GD_ALL:
+        gd = tl.load(gd_all + rows, mask=tile, other=0.0).to(tl.float32)
+    else:
+        gd = tl.zeros(a.shape, dtype=tl.float32)
+    if FUSED:
+        gd += tl.load(dkt_in + rows, mask=tile, other=0.0) * kk
+    return kk, a, d, s, w, c, nu, rr, b, keep, gd
+
+
+@triton.jit
+def _affine(a1, b1, a2, b2):
+    """(map 2)∘(map 1) for x ↦ αx + β."""
+    return a2 * a1, a2 * b1 + b2
+
+
+@triton.jit
+def phase1_bwd_parallel_kernel(
+    k, beta, r, eta, d_all, gd_all, gd_final, dkt_in, dk_in, dbeta_in, cu_seqlens,
+    dk, dbeta, dr, dd0, deta,
+    T, H, K, eps, d_min, d_max,
+    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+    HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, HAS_GD_FINAL: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, FUSED: tl.constexpr,
+):
+    """phase1.phase1_bwd_seq_kernel's reverse scan, chunk-parallel. Given the masks (from the stored d), the adjoint
+    is linear per coordinate, λ_t = r_t keep_t ⊙ λ_{t+1} − c_t p_t a_t + ∂L/∂d_t, coupled only through the scalars
+    p_t = ⟨keep_t ⊙ λ_{t+1}, a_t⟩: an affine scan over the chunk (rows in reverse token order) and a fixed point
+    in p, as in the forward."""
+    n, h = tl.program_id(0), tl.program_id(1)
+    if IS_VARLEN:
+        bos = tl.load(cu_seqlens + n).to(tl.int64)
+        eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
+    else:
+        bos = n.to(tl.int64) * T
+        eos = bos + T
+    o_k = tl.arange(0, BK)
+    o_i = tl.arange(0, BT)
+    m_k = o_k < K
+    if HAS_GD_FINAL:
+        lam = tl.load(gd_final + (n * H + h) * K + o_k, mask=m_k, other=0.0).to(tl.float32)
+    else:
+        lam = tl.zeros([BK], dtype=tl.float32)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    deta_acc = eta_h * 0.0
+    shift = o_i[:, None] == o_i[None, :] + 1
+    flags = (HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+    srcs = (k, beta, r, d_all, gd_all, dkt_in)
+    for j in range(0, tl.cdiv((eos - bos).to(tl.int32), BT)):
+        tok = eos - 1 - j * BT - o_i  # row i: the i-th token from the chunk's end
+        ok = tok >= bos
+        kk, a, d, s, w, c, nu, rr, b, keep, gd = _token_terms(*srcs, tok, ok, h, H, K, o_k, m_k, eta_h, eps,
+                                                             d_min, d_max, *flags)
+        # row i's map is token tok_i + 1's (the previous row's), row 0 the identity
+        okn = ok & (o_i > 0)
+        _, a_n, _, _, _, c_n, _, r_n, _, keep_n, gd_n = _token_terms(*srcs, tok + 1, okn, h, H, K, o_k, m_k,
+                                                                     eta_h, eps, d_min, d_max, *flags)
+        alpha = tl.where(okn[:, None] & keep_n, r_n[:, None], tl.where(okn[:, None], 0.0, 1.0))
+        p = tl.sum(tl.where(keep, lam[None, :], 0.0) * a, axis=1)
+        dz = tl.where(keep, lam[None, :], 0.0)
+        changed = True
+        sweeps = 0
+        while changed:
+            p_n = tl.sum(tl.where(shift, p[None, :], 0.0), axis=1)
+            beta_n = tl.where(okn[:, None], gd_n - (c_n * p_n)[:, None] * a_n, 0.0)
+            aa, bb = tl.associative_scan((alpha, beta_n), 0, _affine)
+            dz = tl.where(keep, aa * lam[None, :] + bb, 0.0)  # keep_t ⊙ λ_{t+1}
+            p_new = tl.sum(dz * a, axis=1)
+            sweeps += 1
+            changed = (tl.max(tl.abs(p_new - p), axis=0) > 0) & (sweeps <= BT)
+            p = p_new
+        gs = -p * c
+        da = w[:, None] * dz + gs[:, None] * d
+        if NORMALIZE:
+            da = da - (w * p * nu)[:, None]
+        tile = ok[:, None] & m_k[None, :]
+        rows = (tok[:, None] * H + h) * K + o_k[None, :]
+        dk_t = 2.0 * kk * da
+        if FUSED:
+            dk_t += tl.load(dk_in + rows, mask=tile, other=0.0) + tl.load(dkt_in + rows, mask=tile, other=0.0) * d
+        tl.store(dk + rows, dk_t, mask=tile)
+        deta_acc += tl.sum(tl.where(ok, p * b * (1.0 - b * s) * nu, 0.0), axis=0)
+        if FUSED:
+            db_t = tl.load(dbeta_in + tok * H + h, mask=ok, other=0.0)
+        else:
+            db_t = tl.zeros([BT], dtype=tl.float32)
+        if BETA_AWARE:
+            db_t += p * eta_h * (1.0 - 2.0 * b * s) * nu
+        if BETA_AWARE or FUSED:
+            tl.store(dbeta + tok * H + h, db_t, mask=ok)
+        if HAS_R:
+            tl.store(dr + tok * H + h, tl.sum(dz * d, axis=1), mask=ok)
+        # λ at the chunk's first token, the next chunk's λ_{t+1}
+        lam_rows = rr[:, None] * dz + gs[:, None] * a + gd
+        first = tl.minimum(BT, (eos - j * BT - bos).to(tl.int32)) - 1
+        lam = tl.sum(tl.where((o_i == first)[:, None], lam_rows, 0.0), axis=0)
+    tl.store(dd0 + (n * H + h) * K + o_k, lam, mask=m_k)
+    tl.store(deta + n * H + h, deta_acc)
+
+
+def phase1_bwd_parallel(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize,
+                        cu_seqlens, phase2_grads=None, chunk_size=64):
+    """The backward of phase1.phase1_bwd_seq (same arguments and results), chunk-parallel by the fixed point."""
+    B, T, H, K = k.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    f32 = dict(dtype=torch.float32, device=k.device)
+    fused = phase2_grads is not None
+    dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
+    if fused:
+        dbeta = torch.empty_like(beta)
+    else:
+        dbeta = torch.zeros(B, T, H, **f32) if not beta_aware else torch.empty(B, T, H, **f32)
+    dr = torch.empty(B, T, H, **f32) if r is not None else None
+    dd0 = torch.empty(N, H, K, **f32)
+    deta = torch.empty(N, H, **f32)
+    phase1_bwd_parallel_kernel[(N, H)](
+        k, beta, r if r is not None else beta, eta, d_all,
+        gd_all if gd_all is not None else d_all, gd_final if gd_final is not None else dd0,
+        *(phase2_grads if fused else (dd0, dd0, dd0)), cu_seqlens if cu_seqlens is not None else dd0,
+        dk, dbeta, dr if dr is not None else dbeta, dd0, deta,
+        T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
+        HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
+        HAS_MAX=d_max is not None, HAS_GD_ALL=gd_all is not None, HAS_GD_FINAL=gd_final is not None,
+        IS_VARLEN=cu_seqlens is not None, BK=max(16, triton.next_power_of_2(K)), BT=chunk_size, FUSED=fused,
+        num_warps=4,
+    )
+    return dk, dbeta, dr, dd0, deta
