@@ -2,8 +2,8 @@
 
 For fla's test shapes (B, T, H, D) and packed variable-length sequences, in bfloat16 and float16, without a
 gate and with the GDN gate, with the clip and in bfloat16 also without it, it compares the output, both final
-states (S, d) and the gradient of every input (q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖, the reference running in float64 on the same
-device from the same rounded inputs. Thresholds: 0.006 for outputs and states, 0.008 for gradients.
+states (S, d) and the gradient of every input (q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖,
+the reference running in float64 on the same device from the same rounded inputs. Thresholds: 0.006 for outputs and states, 0.008 for gradients.
 Then first timings (triton.testing.do_bench, median) of forward and forward+backward at (4, 4096, 16, 128)
 bfloat16, for the whole op and for phase 2 alone.
 
