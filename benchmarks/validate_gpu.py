@@ -1,10 +1,9 @@
 """GPU validation of osdn_fast.chunk_osdn against osdn_ref.chunk_osdn in float64 (issue 4, item 5).
 
 For fla's test shapes (B, T, H, D) and packed variable-length sequences, in bfloat16 and float16, without a
-gate and with the GDN gate, with the clip (phase 1 sequential) and in bfloat16 also without it (phase 1
-chunk-parallel), it compares the output, both final states (S, d) and the gradient of every input
-(q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖, the reference running in float64 on the same
-device from the same rounded inputs. Thresholds: 0.006 for outputs and states, 0.008 for gradients.
+gate and with the GDN gate, with the clip and in bfloat16 also without it, it compares the output, both final
+states (S, d) and the gradient of every input (q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖,
+the reference running in float64 on the same device from the same rounded inputs. Thresholds: 0.006 for outputs and states, 0.008 for gradients.
 Then first timings (triton.testing.do_bench, median) of forward and forward+backward at (4, 4096, 16, 128)
 bfloat16, for the whole op and for phase 2 alone.
 
@@ -39,7 +38,7 @@ SMOKE_SHAPES = [(1, 20, 1, 16), (2, 70, 2, 20)]
 SMOKE_VARLEN = [((0, 5, 40, 71), 2, 16)]
 SMOKE_TIMING_SHAPE = (1, 64, 2, 16)
 OPTIONS = dict(eta=0.5, d_min=2 / 3, d_max=1.5)  # a large η so that d moves; the authors' clip
-UNCLIPPED = dict(eta=0.5)  # phase 1 takes its chunk-parallel path without the clip (run in bfloat16)
+UNCLIPPED = dict(eta=0.5)  # the same without the clip (run in bfloat16); chunk_osdn's phase 1 is the sequential scan
 
 
 def kernel_digest() -> str:
