@@ -3,7 +3,8 @@
 One run times, with CUDA events and medians (`triton.testing.do_bench`), forward and forward+backward of
 
 - `osdn_fast.chunk_osdn`: OSDN and OSDN-APF, with and without the GDN gate, with and without the clip;
-- its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan`), to report phase 1's share;
+- its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan(parallel=True)`, the form chunk_osdn runs), to
+  report phase 1's share, and the sequential scan and the unclipped chunk form beside it;
 - fla 0.6.0's `chunk_delta_rule` and `chunk_gated_delta_rule` (the named baselines; skipped, and said so, when
   fla is not importable);
 - `osdn_ref.chunk_osdn` (PyTorch; only at the smallest shapes: its phase 1 is a Python loop over tokens),
@@ -154,8 +155,11 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
         if not sweep_only and name in ("osdn", "osdn_clip", "osdn_apf_clip"):
             k, beta = x["k"], x["beta"]
             p1 = lambda k=k, beta=beta, r=x["r"], extra=extra: preconditioner_scan(  # noqa: E731
-                k, beta, eta=eta, r=r, **extra)[0]
+                k, beta, eta=eta, r=r, parallel=True, **extra)[0]
             run(f"phase1[{name}]", "phase1", p1, [k, beta], torch.ones(B, T, H, D, device=device))
+        if not sweep_only and name == "osdn_clip":  # the sequential scan that version 3 ran, for comparison
+            p1s = lambda k=k, beta=beta, extra=extra: preconditioner_scan(k, beta, eta=eta, **extra)[0]  # noqa: E731
+            run(f"phase1_seq[{name}]", "phase1", p1s, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn":  # the chunk-parallel phase 1 (no clip), opt-in
             p1c = lambda k=k, beta=beta: preconditioner_scan(k, beta, eta=eta, chunked=True)[0]  # noqa: E731
             run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))

@@ -23,6 +23,8 @@ import triton.language as tl
 
 from osdn_ref import EPS
 
+from .phase1_parallel import phase1_bwd_parallel, phase1_fwd_parallel
+
 
 @triton.jit
 def _seq_bounds(cu_seqlens, n, T, IS_VARLEN: tl.constexpr):
@@ -265,13 +267,16 @@ def _grad_like(grad, x):
 
 
 class Phase1Function(torch.autograd.Function):
-    """(k, β, r, d_0, η[H]) → (d_all, d_final); `chunk` None is the sequential scan, else the chunk form's
-    options (chunk_size, solver, precision), used by the forward and the backward alike."""
+    """(k, β, r, d_0, η[H]) → (d_all, d_final); `chunk` None is the sequential scan, "parallel" the exact
+    chunk-parallel fixed point (phase1_parallel.py), else the unclipped chunk form's options (chunk_size, solver,
+    precision); the backward takes the same form as the forward."""
 
     @staticmethod
     def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, chunk):
         opts = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
-        if chunk:
+        if chunk == "parallel":
+            d_all, d_final, _ = phase1_fwd_parallel(k, beta, r, d0, eta, **opts)
+        elif chunk:
             from .phase1_chunk import phase1_fwd_chunk
 
             d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, **chunk)
@@ -287,7 +292,9 @@ class Phase1Function(torch.autograd.Function):
         opts = dict(ctx.opts, cu_seqlens=cu_seqlens)
         gd_all = None if gd_all is None else gd_all.contiguous()
         gd_final = None if gd_final is None else gd_final.contiguous()
-        if ctx.chunk:
+        if ctx.chunk == "parallel":
+            grads = phase1_bwd_parallel(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
+        elif ctx.chunk:
             from .phase1_chunk import phase1_bwd_chunk
 
             grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.chunk)
@@ -313,6 +320,7 @@ def preconditioner_scan(
     normalize: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     chunked: bool = False,
+    parallel: bool = False,
     chunk_size: int = 64,
     solver: str = "substitution",
     dot_precision: str = "ieee",
@@ -322,18 +330,22 @@ def preconditioner_scan(
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
     with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=True` uses the chunk-parallel
     forward (chunks of `chunk_size`, a power of two ≥ 16; no clip), else the sequential scan (the default:
-    on the H200 it measured faster, see benchmarks/NOTES.md); the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
+    on the H200 it measured faster, see benchmarks/NOTES.md); `parallel=True` the exact chunk-parallel form, clip
+    included, that chunk_osdn runs (phase1_parallel.py); the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
     each chunk's (I + L)⁻¹; `dot_precision` is tl.dot's input_precision ("ieee"; "tf32x3" on GPUs, to be
     measured). Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):
         eta = torch.full((H,), float(eta), dtype=torch.float32, device=k.device)
+    if chunked and parallel:
+        raise ValueError("chunked and parallel: pick one form of phase 1")
     if chunked and (d_min is not None or d_max is not None):
         raise ValueError("the chunk-parallel phase 1 has no clip: use chunked=False with d_min/d_max")
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
     return Phase1Function.apply(
         k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
         beta_aware, normalize, contig(cu_seqlens),
-        dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked else None,
+        "parallel" if parallel else dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked
+        else None,
     )
