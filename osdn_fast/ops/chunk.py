@@ -18,7 +18,7 @@ from .common import block_dims
 from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
-from .phase1_parallel import phase1_bwd_parallel, phase1_fwd_parallel
+from .phase1 import phase1_bwd_seq, phase1_fwd_seq
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -84,8 +84,7 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
 
 class ChunkOSDN(torch.autograd.Function):
-    """The whole op: phase 1 (the chunk-parallel fixed point, which also writes k̃ = d ⊙ k in k's dtype), then
-    phase 2; both of phase 1's passes run chunk-parallel (phase1_parallel.py).
+    """The whole op: phase 1 (sequential scan, which also writes k̃ = d ⊙ k in k's dtype), then phase 2.
 
     Backward: phase 2's, then phase 1's reverse scan, which takes ∂k̃ (∂d_t += ∂k̃_t ⊙ k_t, ∂k_t += ∂k̃_t ⊙ d_t)
     and adds phase 2's ∂k, ∂β, so that every gradient is summed in float32 and written once.
@@ -95,8 +94,7 @@ class ChunkOSDN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
         B, T = k.shape[:2]
-        d_all, d_final, kt = phase1_fwd_parallel(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,
-                                                 chunk_size=chunk_size, **p1)
+        d_all, d_final, kt = phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1)
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
         else:
@@ -116,9 +114,9 @@ class ChunkOSDN(torch.autograd.Function):
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
                                                        pk(do), dS_final, ctx.scale, ctx.chunk_size, layout)
-        dk, dbeta, dr, dd0, deta = phase1_bwd_parallel(
+        dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
             k, beta, r, eta, d_all, None, None if dd_final is None else dd_final.float().contiguous(),
-            cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2), chunk_size=ctx.chunk_size, **ctx.p1)
+            cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2), **ctx.p1)
         shaped = lambda x, ref: None if x is None else x.reshape(ref.shape).to(ref.dtype)  # noqa: E731
         return (shaped(dq, q), dk, shaped(dv, v), dbeta, None if g is None else dg.reshape(g.shape),
                 None if r is None else dr.to(r.dtype), None if S0 is None else dS0,
