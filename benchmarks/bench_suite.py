@@ -3,7 +3,8 @@
 One run times, with CUDA events and medians (`triton.testing.do_bench`), forward and forward+backward of
 
 - `osdn_fast.chunk_osdn`: OSDN and OSDN-APF, with and without the GDN gate, with and without the clip;
-- its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan`), to report phase 1's share;
+- its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan`, the sequential scan that chunk_osdn runs), to
+  report phase 1's share, and beside it the exact chunk-parallel form and the unclipped chunk form;
 - fla 0.6.0's `chunk_delta_rule` and `chunk_gated_delta_rule` (the named baselines; skipped, and said so, when
   fla is not importable);
 - `osdn_ref.chunk_osdn` (PyTorch; only at the smallest shapes: its phase 1 is a Python loop over tokens),
@@ -37,14 +38,14 @@ REF_MAX_T = 4096  # T above which the PyTorch reference is not timed (its phase 
 
 
 def make_inputs(B, T, H, D, dtype, device, gate, apf, seed=0):
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    rnd = lambda *s: torch.randn(*s, generator=gen).to(device=device, dtype=dtype)  # noqa: E731
+    gen = torch.Generator(device=device).manual_seed(seed)  # drawn on the device: the CPU took seconds per shape
+    rnd = lambda *s: torch.randn(*s, generator=gen, device=device).to(dtype)  # noqa: E731
     q = rnd(B, T, H, D)
     k = torch.nn.functional.normalize(rnd(B, T, H, D).float(), dim=-1).to(dtype)
     v = rnd(B, T, H, D)
-    beta = torch.rand(B, T, H, generator=gen).to(device=device, dtype=dtype)
-    g = (-torch.rand(B, T, H, generator=gen) * 0.1).to(device=device, dtype=torch.float32) if gate else None
-    r = (0.99 + 0.01 * torch.rand(B, T, H, generator=gen)).to(device=device, dtype=dtype) if apf else None
+    beta = torch.rand(B, T, H, generator=gen, device=device).to(dtype)
+    g = -torch.rand(B, T, H, generator=gen, device=device) * 0.1 if gate else None
+    r = (0.99 + 0.01 * torch.rand(B, T, H, generator=gen, device=device)).to(dtype) if apf else None
     do = rnd(B, T, H, D)
     return dict(q=q, k=k, v=v, beta=beta, g=g, r=r), do
 
@@ -156,6 +157,10 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
             p1 = lambda k=k, beta=beta, r=x["r"], extra=extra: preconditioner_scan(  # noqa: E731
                 k, beta, eta=eta, r=r, **extra)[0]
             run(f"phase1[{name}]", "phase1", p1, [k, beta], torch.ones(B, T, H, D, device=device))
+        if not sweep_only and name == "osdn_clip":  # the exact chunk-parallel form, for comparison
+            p1p = lambda k=k, beta=beta, extra=extra: preconditioner_scan(  # noqa: E731
+                k, beta, eta=eta, parallel=True, **extra)[0]
+            run(f"phase1_parallel[{name}]", "phase1", p1p, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn":  # the chunk-parallel phase 1 (no clip), opt-in
             p1c = lambda k=k, beta=beta: preconditioner_scan(k, beta, eta=eta, chunked=True)[0]  # noqa: E731
             run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))

@@ -1,4 +1,4 @@
-"""Compile every phase-2 kernel ahead of time for an NVIDIA target (default sm_90, the H200), no GPU needed.
+"""Compile every phase-1 and phase-2 kernel ahead of time for an NVIDIA target (default sm_90, the H200), no GPU needed.
 
 Uses the installed Triton and its bundled ptxas, so a kernel that the GPU's compiler would reject (an API
 missing in that Triton version, shared memory above the limit) fails here first. Run it with the Triton
@@ -18,7 +18,7 @@ SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100/H200 block may use
 
 def jobs(K, V, chunk_size=64):
     """(kernel, constexprs, arguments passed as None, launch options): the launches of osdn_fast.ops.chunk."""
-    from osdn_fast.ops import cumsum, output, solve, state, wy
+    from osdn_fast.ops import cumsum, output, phase1, phase1_parallel, solve, state, wy
     from osdn_fast.ops.common import block_dims, launch
 
     BK, BV = block_dims(K, V)
@@ -45,12 +45,21 @@ def jobs(K, V, chunk_size=64):
             constexprs, options = stage(name, bk, HAS_G=has_g, **flags)
             constexprs = {n: c for n, c in constexprs.items() if n in kernel.arg_names}
             out.append((kernel, constexprs, none, options))
+    BK1 = phase1._block_k(K)
+    p1_options = dict(num_warps=phase1._seq_warps(BK1))
+    for full in (True, False):  # every option on (clip, APF, β-aware, packed), then the plainest form
+        flags = dict(HAS_R=full, BETA_AWARE=full, NORMALIZE=True, HAS_MIN=full, HAS_MAX=full, IS_VARLEN=full, BK=BK1)
+        out.append((phase1.phase1_fwd_seq_kernel, dict(flags, HAS_D0=full, STORE_KT=True), (), p1_options))
+        out.append((phase1.phase1_bwd_seq_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full, FUSED=full),
+                    (), p1_options))
+        out.append((phase1_parallel.phase1_fwd_parallel_kernel, dict(flags, HAS_D0=full, STORE_KT=True,
+                                                                     BT=chunk_size), (), dict(num_warps=4)))
     return out
 
 
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
 # the rest (gates' cumulative sums, states in and out, the float32 gradients) are float32.
-INPUT_DTYPE = {"q", "k", "kt", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
+INPUT_DTYPE = {"q", "k", "kt", "kt_out", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
                "du_local"}  # A (the solve's input) is float32
 
 
@@ -60,9 +69,9 @@ def signature(kernel, constexprs, none_args, dtype):
     for name in kernel.arg_names:
         if name in constexprs or name in none_args:
             types[name], consts[name] = "constexpr", constexprs.get(name)
-        elif name in ("H", "T"):
+        elif name in ("H", "T", "K"):
             types[name] = "i32"
-        elif name == "scale":
+        elif name in ("scale", "eps", "d_min", "d_max"):
             types[name] = "fp32"
         elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets"):
             types[name] = "*i32"

@@ -139,6 +139,13 @@ def sweep(calls, budget_s):
     return results, best, None
 
 
+def save(out, name, obj):
+    """Write obj as JSON now, so that a run cut short keeps what it measured."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, name), "w") as f:
+        json.dump(obj, f, indent=1)
+
+
 def whole_op(x, fla):
     """Median ms of forward and forward+backward: chunk_osdn (OSDN, clip) and, when installed, fla."""
     import triton.testing
@@ -161,7 +168,7 @@ def whole_op(x, fla):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
-    ap.add_argument("--sweep-budget", type=float, default=240.0, help="seconds for the sweep")
+    ap.add_argument("--sweep-budget", type=float, default=240.0, help="seconds for the sweep (0: no sweep)")
     args = ap.parse_args(argv)
     import triton
 
@@ -194,6 +201,8 @@ def main(argv=None):
         for kname, us, n in rows[:14]:
             print(f"  {us:9.1f} µs  ×{n:4.1f}  {kname}", flush=True)
     save(args.out, "profile_phase2.json", result)
+    if args.sweep_budget <= 0:
+        return
     print("sweep:", flush=True)
     result["sweep"], result["best"], result["sweep_fault"] = sweep(stage_calls(x, B, T, H, D), args.sweep_budget)
     save(args.out, "profile_phase2.json", result)
@@ -206,8 +215,6 @@ def main(argv=None):
     result["tuned"] = whole_op(x, fla)
     save(args.out, "profile_phase2.json", result)
     save(args.out, "tuning.json", tuning.TUNING)
-    with open(os.path.join(args.out, "profile_phase2.json"), "w") as f:
-        json.dump(result, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ from osdn_ref import validate_inputs
 
 from .common import block_dims
 from .cumsum import chunk_cumsum
-from .index import chunk_layout, uniform_cu_seqlens
+from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
 from .state import state_bwd, state_fwd
@@ -28,9 +28,9 @@ CHUNK_SIZES = (16, 32, 64)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size):
-    """Packed [1, ΣT, H, ·] inputs → (o, S_final or None, A⁻¹ kept for the backward)."""
-    chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, chunk_size)
+def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size, layout):
+    """Packed [1, ΣT, H, ·] inputs → (o, S_final or None, A⁻¹ kept for the backward); `layout` = chunk_layout(...)."""
+    chunk_indices, chunk_offsets = layout
     BK, BV = block_dims(k.shape[-1], v.shape[-1])
     G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, chunk_size)
     Ainv, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV)
@@ -40,13 +40,13 @@ def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, 
     return o, S_final, Ainv
 
 
-def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, C):
+def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, C, layout):
     """(∂q, ∂k, ∂k̃, ∂v, ∂β float32; ∂g in g's dtype or None; ∂S0 float32) from ∂o and ∂S_final (either None)."""
     if do is None:
         do = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)
     do = do.contiguous()
     dS_final = None if dS_final is None else dS_final.float().contiguous()
-    chunk_indices, chunk_offsets = chunk_layout(cu_seqlens, C)
+    chunk_indices, chunk_offsets = layout
     NT = chunk_indices.shape[0]
     BK, BV = block_dims(k.shape[-1], v.shape[-1])
     G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, C)
@@ -66,17 +66,19 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size):
-        o, S_final, Ainv = phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size)
-        ctx.save_for_backward(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv)
+        layout = chunk_layout(cu_seqlens, chunk_size)
+        o, S_final, Ainv = phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size,
+                                      layout)
+        ctx.save_for_backward(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, *layout)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         ctx.set_materialize_grads(False)
         return o, S_final
 
     @staticmethod
     def backward(ctx, do, dS_final):
-        q, k, kt, v, beta, g, S0, cu_seqlens, Ainv = ctx.saved_tensors
+        q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, *layout = ctx.saved_tensors
         dq, dk, dkt, dv, dbeta, dg, dS0 = phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final,
-                                                     ctx.scale, ctx.chunk_size)
+                                                     ctx.scale, ctx.chunk_size, layout)
         return (dq.to(q.dtype), dk.to(k.dtype), dkt.to(kt.dtype), dv.to(v.dtype), dbeta.to(beta.dtype), dg,
                 None if S0 is None else dS0, None, None, None, None)
 
@@ -93,22 +95,25 @@ class ChunkOSDN(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
         B, T = k.shape[:2]
         d_all, d_final, kt = phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1)
-        cu = uniform_cu_seqlens(B, T, q.device) if cu_seqlens is None else cu_seqlens
+        if cu_seqlens is None:
+            cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
+        else:
+            cu, layout = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         o, S_final, Ainv = phase2_fwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, scale,
-                                      output_final_state, chunk_size)
-        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, Ainv)
+                                      output_final_state, chunk_size, layout)
+        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, Ainv, *layout)
         ctx.p1, ctx.scale, ctx.chunk_size = p1, scale, chunk_size
         ctx.set_materialize_grads(False)
         return o.reshape(v.shape), S_final, d_final
 
     @staticmethod
     def backward(ctx, do, dS_final, dd_final):
-        q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, Ainv = ctx.saved_tensors
+        q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, Ainv, *layout = ctx.saved_tensors
         B, T = k.shape[:2]
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
-                                                       pk(do), dS_final, ctx.scale, ctx.chunk_size)
+                                                       pk(do), dS_final, ctx.scale, ctx.chunk_size, layout)
         dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
             k, beta, r, eta, d_all, None, None if dd_final is None else dd_final.float().contiguous(),
             cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2), **ctx.p1)

@@ -47,6 +47,14 @@ def load_tile(ptr, o_t, m_t, i_h, H, D: tl.constexpr, o_d):
 
 
 @triton.jit
+def load_tile_t(ptr, o_t, m_t, i_h, H, D: tl.constexpr, o_d):
+    """The transpose [BD, BT] of load_tile's tile, loaded as such: a tile that enters tl.dot transposed is never
+    made by tl.trans of a computed tile (miscompiled on Hopper by Triton 3.4-3.7.0, fla #640)."""
+    mask = (o_d < D)[:, None] & m_t[None, :]
+    return tl.load(ptr + (o_t[None, :] * H + i_h) * D + o_d[:, None], mask=mask, other=0.0)
+
+
+@triton.jit
 def store_tile(ptr, x, o_t, m_t, i_h, H, D: tl.constexpr, o_d):
     """Store x [BT, BD] into rows o_t, head i_h, columns o_d of a [ΣT, H, D] tensor (cast to its dtype)."""
     mask = m_t[:, None] & (o_d < D)[None, :]

@@ -25,3 +25,12 @@ def chunk_layout(cu_seqlens: torch.Tensor, chunk_size: int) -> tuple[torch.Tenso
     seq = torch.repeat_interleave(torch.arange(len(counts), device=cu_seqlens.device), counts)
     within = torch.arange(len(seq), device=cu_seqlens.device) - offsets[seq]
     return torch.stack([seq, within], dim=1).to(torch.int32).contiguous(), offsets.to(torch.int32)
+
+
+def uniform_chunk_layout(B: int, T: int, chunk_size: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """chunk_layout of a fixed-length batch, from B and T alone: no device-to-host copy (the general form's
+    repeat_interleave waits for the GPU to learn its output size)."""
+    per = -(-T // chunk_size)
+    idx = torch.arange(B * per, device=device, dtype=torch.int32)
+    offsets = torch.arange(0, (B + 1) * per, per, device=device, dtype=torch.int32)
+    return torch.stack([idx // per, idx % per], dim=1).contiguous(), offsets

@@ -12,8 +12,9 @@ the reverse scan of the adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with
     ∂a_t = w_t λ̄_t − (η b_t² / n_t) p_t d_t,  ∂k_t = 2 k_t (∂a_t − w_t p_t / n_t)   (the last term if normalised)
     ∂β_t = η p_t (1 − 2 b_t s_t) / n_t,  ∂r_t = ⟨λ̄_t, d_t⟩,  ∂η = Σ_t p_t b_t (1 − b_t s_t) / n_t
 
-Without the clip, `phase1_chunk` computes the same scan and its backward chunk-parallel; `preconditioner_scan`
-picks it.
+`phase1_chunk` (no clip, WY form) and `phase1_parallel` (clip included, fixed point) compute the same scan
+chunk-parallel; `preconditioner_scan` runs them on request. chunk_osdn runs the sequential kernels here: on the
+H200 they measured faster than both (benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import triton
 import triton.language as tl
 
 from osdn_ref import EPS
+
+from .phase1_parallel import phase1_bwd_parallel, phase1_fwd_parallel
 
 
 @triton.jit
@@ -49,31 +52,44 @@ def _gains(eta_h, b, s, a, eps, NORMALIZE: tl.constexpr):
 
 @triton.jit
 def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr):
-    """k_t (input dtype), b_t and r_t (float32; 1 where absent) of token t, or zeros when not ok."""
+    """k_t, β_t, r_t of token t as stored (zeros, r = 1, when not ok). Nothing is computed from a prefetched
+    load until its token's step: an instruction that reads a loaded register waits for the load there (a
+    conversion at load time cost the whole memory latency on every token of version 3)."""
     kt = tl.load(k + (t * H + h) * K + offs, mask=offs < tl.where(ok, K, 0), other=0.0)
     if BETA_AWARE:
-        b = tl.load(beta + t * H + h, mask=ok, other=0.0).to(tl.float32)
+        b = tl.load(beta + t * H + h, mask=ok, other=0.0)
     else:
         b = 1.0
     if HAS_R:
-        rt = tl.load(r + t * H + h, mask=ok, other=1.0).to(tl.float32)
+        rt = tl.load(r + t * H + h, mask=ok, other=1.0)
     else:
         rt = 1.0
     return kt, b, rt
 
 
 @triton.jit
-def _load_token_bwd(k, beta, r, d_all, gd_all, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
-                    HAS_GD_ALL: tl.constexpr):
-    """_load_token plus d_t and ∂L/∂d_t (direct; zeros without it), for the reverse scan."""
-    kt, b, rt = _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R, BETA_AWARE)
-    m = offs < tl.where(ok, K, 0)
-    d = tl.load(d_all + (t * H + h) * K + offs, mask=m, other=0.0)
-    if HAS_GD_ALL:
-        gd = tl.load(gd_all + (t * H + h) * K + offs, mask=m, other=0.0).to(tl.float32)
-    else:
-        gd = tl.zeros([offs.shape[0]], dtype=tl.float32)
-    return kt, b, rt, d, gd
+def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_min, d_max,
+              HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
+              HAS_MAX: tl.constexpr, STORE_KT: tl.constexpr):
+    """Token t's step: stores d_t (and k̃_t = d_t ⊙ k_t), returns d_{t+1}; d unchanged when not ok."""
+    row = (t * H + h) * K + offs
+    m = offs < tl.where(ok, K, 0)  # mask & ok (the interpreter's & of a broadcast mask is not a mask)
+    tl.store(d_all + row, d, mask=m)
+    kt = kt.to(tl.float32)
+    if STORE_KT:
+        tl.store(kt_out + row, d * kt, mask=m)
+    if BETA_AWARE:
+        b = b.to(tl.float32)
+    if HAS_R:
+        rt = rt.to(tl.float32)
+    a = kt * kt
+    w, _, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
+    z = rt * d + w * a
+    if HAS_MIN:
+        z = tl.maximum(z, d_min)
+    if HAS_MAX:
+        z = tl.minimum(z, d_max)
+    return tl.where(ok, z, d)
 
 
 @triton.jit
@@ -84,10 +100,10 @@ def phase1_fwd_seq_kernel(
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
     STORE_KT: tl.constexpr,
 ):
-    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token. The inputs
-    of token t + 4 are loaded at step t (a four-deep register pipeline), so a load's latency (~1 µs from HBM)
-    hides behind four steps of the chain instead of one. STORE_KT also writes the write key k̃_t = d_t ⊙ k_t
-    (in k's dtype) for phase 2."""
+    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token, four tokens
+    per loop iteration. Each token's inputs live in their own slot (1-4), reloaded with token t + 4 right after
+    token t's step: a load has four steps to arrive, and no register is copied from slot to slot (a copy of a
+    pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -98,28 +114,99 @@ def phase1_fwd_seq_kernel(
     else:
         d = tl.where(mask, 1.0, 0.0)
     eta_h = tl.load(eta + h).to(tl.float32)
-    k1, b1, r1 = _load_token(k, beta, r, bos, bos < eos, h, H, K, offs, HAS_R, BETA_AWARE)
-    k2, b2, r2 = _load_token(k, beta, r, bos + 1, bos + 1 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
-    k3, b3, r3 = _load_token(k, beta, r, bos + 2, bos + 2 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
-    k4, b4, r4 = _load_token(k, beta, r, bos + 3, bos + 3 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
-    for t in range(bos, eos):
-        kt, b, rt = k1, b1, r1
-        k1, b1, r1 = k2, b2, r2
-        k2, b2, r2 = k3, b3, r3
-        k3, b3, r3 = k4, b4, r4
-        k4, b4, r4 = _load_token(k, beta, r, t + 4, t + 4 < eos, h, H, K, offs, HAS_R, BETA_AWARE)
-        tl.store(d_all + (t * H + h) * K + offs, d, mask=mask)
-        kt = kt.to(tl.float32)
-        if STORE_KT:
-            tl.store(kt_out + (t * H + h) * K + offs, d * kt, mask=mask)
-        a = kt * kt
-        w, _, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
-        d = rt * d + w * a
-        if HAS_MIN:
-            d = tl.maximum(d, d_min)
-        if HAS_MAX:
-            d = tl.minimum(d, d_max)
+    src = (k, beta, r)
+    loc = (h, H, K, offs)
+    step = (d_all, kt_out, h, H, K, offs, eta_h, eps, d_min, d_max)
+    k1, b1, r1 = _load_token(*src, bos, bos < eos, *loc, HAS_R, BETA_AWARE)
+    k2, b2, r2 = _load_token(*src, bos + 1, bos + 1 < eos, *loc, HAS_R, BETA_AWARE)
+    k3, b3, r3 = _load_token(*src, bos + 2, bos + 2 < eos, *loc, HAS_R, BETA_AWARE)
+    k4, b4, r4 = _load_token(*src, bos + 3, bos + 3 < eos, *loc, HAS_R, BETA_AWARE)
+    for t in range(bos, eos, 4):
+        d = _fwd_step(d, k1, b1, r1, t, t < eos, *step,
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+        k1, b1, r1 = _load_token(*src, t + 4, t + 4 < eos, *loc, HAS_R, BETA_AWARE)
+        d = _fwd_step(d, k2, b2, r2, t + 1, t + 1 < eos, *step,
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+        k2, b2, r2 = _load_token(*src, t + 5, t + 5 < eos, *loc, HAS_R, BETA_AWARE)
+        d = _fwd_step(d, k3, b3, r3, t + 2, t + 2 < eos, *step,
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+        k3, b3, r3 = _load_token(*src, t + 6, t + 6 < eos, *loc, HAS_R, BETA_AWARE)
+        d = _fwd_step(d, k4, b4, r4, t + 3, t + 3 < eos, *step,
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+        k4, b4, r4 = _load_token(*src, t + 7, t + 7 < eos, *loc, HAS_R, BETA_AWARE)
     tl.store(d_final + (n * H + h) * K + offs, d, mask=mask)
+
+
+@triton.jit
+def _load_token_bwd(k, beta, r, d_all, gd_all, dkt_in, dk_in, dbeta_in, t, ok, h, H, K, offs,
+                    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, HAS_GD_ALL: tl.constexpr, FUSED: tl.constexpr):
+    """Everything the reverse scan reads at token t, as stored (see _load_token): k_t, b_t, r_t, d_t, the
+    direct ∂L/∂d_t and, FUSED, phase 2's ∂k̃_t, ∂k_t, ∂β_t; zeros where absent."""
+    kt, b, rt = _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R, BETA_AWARE)
+    m = offs < tl.where(ok, K, 0)
+    row = (t * H + h) * K + offs
+    d = tl.load(d_all + row, mask=m, other=0.0)
+    if HAS_GD_ALL:
+        gd = tl.load(gd_all + row, mask=m, other=0.0)
+    else:
+        gd = 0.0
+    if FUSED:
+        dkt = tl.load(dkt_in + row, mask=m, other=0.0)
+        dk2 = tl.load(dk_in + row, mask=m, other=0.0)
+        db2 = tl.load(dbeta_in + t * H + h, mask=ok, other=0.0)
+    else:
+        dkt, dk2, db2 = 0.0, 0.0, 0.0
+    return kt, b, rt, d, gd, dkt, dk2, db2
+
+
+@triton.jit
+def _bwd_step(lam, deta_acc, kt, b, rt, d, gd, dkt, dk2, db2, t, ok, dk, dbeta, dr, h, H, K, offs, mask, eta_h,
+              eps, d_min, d_max, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+              HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, FUSED: tl.constexpr):
+    """Token t's step of the reverse scan: stores ∂k_t, ∂β_t, ∂r_t, returns (λ_t, ∂η so far); unchanged when
+    not ok. FUSED: ∂L/∂d_t gains ∂k̃_t ⊙ k_t, ∂k_t gains ∂k̃_t ⊙ d_t and phase 2's ∂k_t, ∂β_t gains phase 2's."""
+    kt = kt.to(tl.float32)
+    if BETA_AWARE:
+        b = b.to(tl.float32)
+    if HAS_R:
+        rt = rt.to(tl.float32)
+    if HAS_GD_ALL:
+        gd = gd.to(tl.float32)
+    else:
+        gd = tl.zeros([offs.shape[0]], dtype=tl.float32)
+    if FUSED:
+        dkt = dkt.to(tl.float32)
+        gd += dkt * kt
+        dk_t = dk2.to(tl.float32) + dkt * d
+        db_t = db2.to(tl.float32)
+    else:
+        dk_t = tl.zeros([offs.shape[0]], dtype=tl.float32)
+        db_t = 0.0
+    a = kt * kt
+    s = tl.sum(d * a, axis=0)
+    w, c, nu = _gains(eta_h, b, s, a, eps, NORMALIZE)
+    z = rt * d + w * a
+    keep = mask
+    if HAS_MIN:
+        keep = keep & (z >= d_min)
+    if HAS_MAX:
+        keep = keep & (z <= d_max)
+    dz = tl.where(keep, lam, 0.0)
+    p = tl.sum(dz * a, axis=0)
+    gs = -p * c  # ∂L/∂s_t
+    da = w * dz + gs * d
+    if NORMALIZE:
+        da = da - w * p * nu
+    row = (t * H + h) * K + offs
+    tl.store(dk + row, dk_t + 2.0 * kt * da, mask=offs < tl.where(ok, K, 0))
+    if BETA_AWARE:
+        db_t += p * eta_h * (1.0 - 2.0 * b * s) * nu
+    if BETA_AWARE or FUSED:
+        tl.store(dbeta + t * H + h, db_t, mask=ok)
+    if HAS_R:
+        tl.store(dr + t * H + h, tl.sum(dz * d, axis=0), mask=ok)
+    deta_acc += tl.where(ok, p * b * (1.0 - b * s) * nu, 0.0)
+    return tl.where(ok, rt * dz + gs * a + gd, lam), deta_acc
 
 
 @triton.jit
@@ -132,9 +219,8 @@ def phase1_bwd_seq_kernel(
     IS_VARLEN: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr,
 ):
     """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
-    Inputs of token t − 2 are loaded at step t (a two-deep pipeline: each token brings k, d and ∂L/∂d).
-    FUSED (after phase 2): ∂k̃_t arrives too, so ∂L/∂d_t gains ∂k̃_t ⊙ k_t and ∂k_t gains ∂k̃_t ⊙ d_t; phase 2's
-    ∂k_t and ∂β_t are added in, and the sums are stored in the inputs' dtypes."""
+    Four tokens per loop iteration in four load slots, as in the forward (token t − 4 is loaded right after
+    token t's step)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -146,52 +232,27 @@ def phase1_bwd_seq_kernel(
         lam = tl.zeros([BK], dtype=tl.float32)
     eta_h = tl.load(eta + h).to(tl.float32)
     deta_acc = eta_h * 0.0
-    k1, b1, r1, d1, g1 = _load_token_bwd(k, beta, r, d_all, gd_all, eos - 1, eos - 1 >= bos, h, H, K, offs,
-                                         HAS_R, BETA_AWARE, HAS_GD_ALL)
-    k2, b2, r2, d2, g2 = _load_token_bwd(k, beta, r, d_all, gd_all, eos - 2, eos - 2 >= bos, h, H, K, offs,
-                                         HAS_R, BETA_AWARE, HAS_GD_ALL)
-    for i in range(0, eos - bos):
+    src = (k, beta, r, d_all, gd_all, dkt_in, dk_in, dbeta_in)
+    loc = (h, H, K, offs)
+    step = (dk, dbeta, dr, h, H, K, offs, mask, eta_h, eps, d_min, d_max)
+    x1 = _load_token_bwd(*src, eos - 1, eos - 1 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+    x2 = _load_token_bwd(*src, eos - 2, eos - 2 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+    x3 = _load_token_bwd(*src, eos - 3, eos - 3 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+    x4 = _load_token_bwd(*src, eos - 4, eos - 4 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+    for i in range(0, eos - bos, 4):
         t = eos - 1 - i
-        kt, b, rt, d, gd = k1, b1, r1, d1, g1
-        k1, b1, r1, d1, g1 = k2, b2, r2, d2, g2
-        k2, b2, r2, d2, g2 = _load_token_bwd(k, beta, r, d_all, gd_all, t - 2, t - 2 >= bos, h, H, K, offs,
-                                             HAS_R, BETA_AWARE, HAS_GD_ALL)
-        kt = kt.to(tl.float32)
-        if FUSED:
-            row = (t * H + h) * K + offs
-            dkt_t = tl.load(dkt_in + row, mask=mask, other=0.0)
-            gd += dkt_t * kt
-            dk_t = tl.load(dk_in + row, mask=mask, other=0.0) + dkt_t * d
-        else:
-            dk_t = tl.zeros([BK], dtype=tl.float32)
-        a = kt * kt
-        s = tl.sum(d * a, axis=0)
-        w, c, nu = _gains(eta_h, b, s, a, eps, NORMALIZE)
-        z = rt * d + w * a
-        keep = mask
-        if HAS_MIN:
-            keep = keep & (z >= d_min)
-        if HAS_MAX:
-            keep = keep & (z <= d_max)
-        dz = tl.where(keep, lam, 0.0)
-        p = tl.sum(dz * a, axis=0)
-        gs = -p * c  # ∂L/∂s_t
-        da = w * dz + gs * d
-        if NORMALIZE:
-            da = da - w * p * nu
-        tl.store(dk + (t * H + h) * K + offs, dk_t + 2.0 * kt * da, mask=mask)
-        deta_acc += p * b * (1.0 - b * s) * nu
-        if FUSED:
-            db_t = tl.load(dbeta_in + t * H + h)
-        else:
-            db_t = 0.0
-        if BETA_AWARE:
-            db_t += p * eta_h * (1.0 - 2.0 * b * s) * nu
-        if BETA_AWARE or FUSED:
-            tl.store(dbeta + t * H + h, db_t)
-        if HAS_R:
-            tl.store(dr + t * H + h, tl.sum(dz * d, axis=0))
-        lam = rt * dz + gs * a + gd
+        lam, deta_acc = _bwd_step(lam, deta_acc, *x1, t, t >= bos, *step,
+                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+        x1 = _load_token_bwd(*src, t - 4, t - 4 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+        lam, deta_acc = _bwd_step(lam, deta_acc, *x2, t - 1, t - 1 >= bos, *step,
+                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+        x2 = _load_token_bwd(*src, t - 5, t - 5 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+        lam, deta_acc = _bwd_step(lam, deta_acc, *x3, t - 2, t - 2 >= bos, *step,
+                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+        x3 = _load_token_bwd(*src, t - 6, t - 6 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+        lam, deta_acc = _bwd_step(lam, deta_acc, *x4, t - 3, t - 3 >= bos, *step,
+                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+        x4 = _load_token_bwd(*src, t - 7, t - 7 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
     tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
     tl.store(deta + n * H + h, deta_acc)
 
@@ -265,13 +326,16 @@ def _grad_like(grad, x):
 
 
 class Phase1Function(torch.autograd.Function):
-    """(k, β, r, d_0, η[H]) → (d_all, d_final); `chunk` None is the sequential scan, else the chunk form's
-    options (chunk_size, solver, precision), used by the forward and the backward alike."""
+    """(k, β, r, d_0, η[H]) → (d_all, d_final); `chunk` None is the sequential scan, "parallel" the exact
+    chunk-parallel fixed point (phase1_parallel.py), else the unclipped chunk form's options (chunk_size, solver,
+    precision); the backward takes the same form as the forward."""
 
     @staticmethod
     def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, chunk):
         opts = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
-        if chunk:
+        if chunk == "parallel":
+            d_all, d_final, _ = phase1_fwd_parallel(k, beta, r, d0, eta, **opts)
+        elif chunk:
             from .phase1_chunk import phase1_fwd_chunk
 
             d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, **chunk)
@@ -287,7 +351,9 @@ class Phase1Function(torch.autograd.Function):
         opts = dict(ctx.opts, cu_seqlens=cu_seqlens)
         gd_all = None if gd_all is None else gd_all.contiguous()
         gd_final = None if gd_final is None else gd_final.contiguous()
-        if ctx.chunk:
+        if ctx.chunk == "parallel":
+            grads = phase1_bwd_parallel(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
+        elif ctx.chunk:
             from .phase1_chunk import phase1_bwd_chunk
 
             grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.chunk)
@@ -313,6 +379,7 @@ def preconditioner_scan(
     normalize: bool = True,
     cu_seqlens: torch.Tensor | None = None,
     chunked: bool = False,
+    parallel: bool = False,
     chunk_size: int = 64,
     solver: str = "substitution",
     dot_precision: str = "ieee",
@@ -322,18 +389,22 @@ def preconditioner_scan(
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
     with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=True` uses the chunk-parallel
     forward (chunks of `chunk_size`, a power of two ≥ 16; no clip), else the sequential scan (the default:
-    on the H200 it measured faster, see benchmarks/NOTES.md); the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
+    on the H200 it measured faster, see benchmarks/NOTES.md); `parallel=True` the exact chunk-parallel form, clip
+    included, that chunk_osdn runs (phase1_parallel.py); the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
     each chunk's (I + L)⁻¹; `dot_precision` is tl.dot's input_precision ("ieee"; "tf32x3" on GPUs, to be
     measured). Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):
         eta = torch.full((H,), float(eta), dtype=torch.float32, device=k.device)
+    if chunked and parallel:
+        raise ValueError("chunked and parallel: pick one form of phase 1")
     if chunked and (d_min is not None or d_max is not None):
         raise ValueError("the chunk-parallel phase 1 has no clip: use chunked=False with d_min/d_max")
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
     return Phase1Function.apply(
         k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
         beta_aware, normalize, contig(cu_seqlens),
-        dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked else None,
+        "parallel" if parallel else dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked
+        else None,
     )

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import launch, load_gate, load_state, load_tile, mm, store_state, store_tile
+from .common import launch, load_gate, load_state, load_tile, load_tile_t, mm, store_state, store_tile
 
 
 @triton.jit
@@ -59,8 +59,8 @@ def state_fwd_kernel(w, u, kt, G, S0, h, ubar, S_final, cu_seqlens, chunk_offset
         store_tile(ubar, b_ubd, o_t, m_t, i_h, H, V, o_v)
         b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
         b_decay, b_gC = decay_to_end(G, b_g, tl.minimum(bos + i_c * BT + BT, eos) - 1, m_t, i_h, H, HAS_G)
-        b_kt = (load_tile(kt, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * b_decay[:, None]).to(DT)
-        b_S = b_S * b_gC + mm(tl.trans(b_kt), b_ubd)
+        b_ktt = (load_tile_t(kt, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * b_decay[None, :]).to(DT)
+        b_S = b_S * b_gC + mm(b_ktt, b_ubd)
     if STORE_FINAL:
         store_state(S_final, b_S, i_nh, o_k, o_v, K, V)
 
@@ -93,10 +93,10 @@ def state_bwd_kernel(q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu
         b_du = load_tile(du_local, o_t, m_t, i_h, H, V, o_v).to(tl.float32) + mm(b_kt, b_dSd)
         b_dud = b_du.to(DT)
         store_tile(du, b_dud, o_t, m_t, i_h, H, V, o_v)
-        b_qg = (load_tile(q, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * (scale * tl.exp(b_g))[:, None]).to(DT)
+        b_qgt = (load_tile_t(q, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * (scale * tl.exp(b_g))[None, :]).to(DT)
         b_do = load_tile(do, o_t, m_t, i_h, H, V, o_v)
-        b_w = load_tile(w, o_t, m_t, i_h, H, K, o_k)
-        b_dS = b_dS * b_gC + mm(tl.trans(b_qg), b_do) - mm(tl.trans(b_w), b_dud)
+        b_wt = load_tile_t(w, o_t, m_t, i_h, H, K, o_k)
+        b_dS = b_dS * b_gC + mm(b_qgt, b_do) - mm(b_wt, b_dud)
     store_state(dS0, b_dS, i_nh, o_k, o_v, K, V)
 
 

@@ -21,7 +21,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import chunk_rows, launch, load_gate, load_tile, mm, store_tile
+from .common import chunk_rows, launch, load_gate, load_tile, load_tile_t, mm, store_tile
 from .solve import unit_lower_inverse
 
 
@@ -51,7 +51,7 @@ def gram_kernel(k, kt, beta, G, A, cu_seqlens, chunk_indices, H,
     o_i, o_k = tl.arange(0, BT), tl.arange(0, BK)
     b_b = tl.load(beta + o_t * H + i_h, mask=m_t, other=0.0).to(tl.float32)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
-    b_A = mm(load_tile(k, o_t, m_t, i_h, H, K, o_k), tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
+    b_A = mm(load_tile(k, o_t, m_t, i_h, H, K, o_k), load_tile_t(kt, o_t, m_t, i_h, H, K, o_k))
     store_tile(A, b_A * gram_decay(b_g, BT, True) * b_b[:, None], o_t, m_t, i_h, H, BT, o_i)
 
 
@@ -96,16 +96,16 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
         o_k = i_k * BK + tl.arange(0, BK)
         b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
         b_kg = (b_k.to(tl.float32) * tl.exp(b_g)[:, None]).to(DT)
-        b_dw = load_tile(dw, o_t, m_t, i_h, H, K, o_k).to(DT)
-        b_dT += mm(b_dw, tl.trans(b_kg))
-        b_dTt += mm(b_kg, tl.trans(b_dw))
-        b_kk += mm(b_k, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k)))
+        b_kgt = (load_tile_t(k, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * tl.exp(b_g)[None, :]).to(DT)
+        b_dT += mm(load_tile(dw, o_t, m_t, i_h, H, K, o_k).to(DT), b_kgt)
+        b_dTt += mm(b_kg, load_tile_t(dw, o_t, m_t, i_h, H, K, o_k).to(DT))
+        b_kk += mm(b_k, load_tile_t(kt, o_t, m_t, i_h, H, K, o_k))
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         b_du = load_tile(du, o_t, m_t, i_h, H, V, o_v).to(DT)
         b_v = load_tile(v, o_t, m_t, i_h, H, V, o_v)
-        b_dT += mm(b_du, tl.trans(b_v))
-        b_dTt += mm(b_v, tl.trans(b_du))
+        b_dT += mm(b_du, load_tile_t(v, o_t, m_t, i_h, H, V, o_v))
+        b_dTt += mm(b_v, load_tile_t(du, o_t, m_t, i_h, H, V, o_v).to(DT))
         store_tile(dv, mm(b_Tt, b_du), o_t, m_t, i_h, H, V, o_v)
 
     b_db = tl.sum(b_dT * b_Ai.to(tl.float32), axis=0)
