@@ -128,6 +128,7 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
     from triton.compiler import ASTSource
 
     from osdn_fast.ops import phase1 as seq, phase1_chunk as chk
+    from osdn_fast.ops.phase1_launch import block_k
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     types = dict(T="i32", H="i32", K="i32", eps="fp32", d_min="fp32", d_max="fp32", k="*bf16", beta="*bf16",
@@ -145,7 +146,7 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
         return dict(kernel=fn.__name__, num_warps=num_warps, registers=int(regs), stack_bytes=int(stack),
                     shared_bytes=kernel.metadata.shared, **{k: v for k, v in constexprs.items() if k in ("C", "PREC")})
 
-    BK = seq._block_k(K)
+    BK = block_k(K)
     flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=False, BK=BK)
     rows = [usage(seq.phase1_fwd_seq_kernel, dict(flags, HAS_D0=True, HAS_MIN=True, HAS_MAX=True), seq._seq_warps(BK)),
             usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=True,

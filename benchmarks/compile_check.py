@@ -20,6 +20,7 @@ def jobs(K, V, chunk_size=64):
     """(kernel, constexprs, arguments passed as None, launch options): the launches of osdn_fast.ops.chunk."""
     from osdn_fast.ops import cumsum, output, phase1, phase1_parallel, solve, state, wy
     from osdn_fast.ops.common import block_dims, launch
+    from osdn_fast.ops.phase1_launch import block_k
 
     BK, BV = block_dims(K, V)
     BKS = min(BK, 64)  # the key slice of the two backward kernels
@@ -45,7 +46,7 @@ def jobs(K, V, chunk_size=64):
             constexprs, options = stage(name, bk, HAS_G=has_g, **flags)
             constexprs = {n: c for n, c in constexprs.items() if n in kernel.arg_names}
             out.append((kernel, constexprs, none, options))
-    BK1 = phase1._block_k(K)
+    BK1 = block_k(K)
     p1_options = dict(num_warps=phase1._seq_warps(BK1))
     for full in (True, False):  # every option on (clip, APF, β-aware, packed), then the plainest form
         flags = dict(HAS_R=full, BETA_AWARE=full, NORMALIZE=True, HAS_MIN=full, HAS_MAX=full, IS_VARLEN=full, BK=BK1)
@@ -54,6 +55,8 @@ def jobs(K, V, chunk_size=64):
                     (), p1_options))
         out.append((phase1_parallel.phase1_fwd_parallel_kernel, dict(flags, HAS_D0=full, STORE_KT=True,
                                                                      BT=chunk_size), (), dict(num_warps=4)))
+        out.append((phase1_parallel.phase1_bwd_parallel_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full,
+                                                                     FUSED=full, BT=chunk_size), (), dict(num_warps=4)))
     return out
 
 

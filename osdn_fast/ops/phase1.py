@@ -22,21 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from osdn_ref import EPS
-
+from .phase1_launch import block_k, launch_bwd, launch_fwd, seq_bounds
 from .phase1_parallel import phase1_bwd_parallel, phase1_fwd_parallel
-
-
-@triton.jit
-def _seq_bounds(cu_seqlens, n, T, IS_VARLEN: tl.constexpr):
-    """Token range [bos, eos) of sequence n in the flattened [B*T] token axis."""
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + n).to(tl.int64)
-        eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
-    else:
-        bos = n.to(tl.int64) * T
-        eos = bos + T
-    return bos, eos
 
 
 @triton.jit
@@ -106,7 +93,7 @@ def phase1_fwd_seq_kernel(
     pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
     if HAS_D0:
@@ -223,7 +210,7 @@ def phase1_bwd_seq_kernel(
     token t's step)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
     if HAS_GD_FINAL:
@@ -257,68 +244,26 @@ def phase1_bwd_seq_kernel(
     tl.store(deta + n * H + h, deta_acc)
 
 
-def _block_k(K: int) -> int:
-    return max(16, triton.next_power_of_2(K))
-
-
 def _seq_warps(BK: int) -> int:
     """One warp per (sequence, head) up to K = 128: the two reductions per token stay within a warp
     (shuffles, no shared memory or barrier), which is what bounds a latency-bound token loop."""
     return 1 if BK <= 128 else 2
 
 
-def _flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K):
-    return dict(
-        HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize,
-        HAS_MIN=d_min is not None, HAS_MAX=d_max is not None, IS_VARLEN=cu_seqlens is not None, BK=_block_k(K),
-    )
-
-
 def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False):
     """Sequential forward: (d_all [B, T, H, K] float32, d_final [N, H, K] float32, k̃ = d ⊙ k in k's dtype or
     None without `store_kt`)."""
-    B, T, H, K = k.shape
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    d_all = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
-    d_final = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
-    kt = torch.empty_like(k) if store_kt else None
-    phase1_fwd_seq_kernel[(N, H)](
-        k, beta, r if r is not None else beta, d0 if d0 is not None else d_final, eta, d_all, d_final,
-        kt if store_kt else d_final, cu_seqlens if cu_seqlens is not None else d_final,
-        T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-        HAS_D0=d0 is not None, STORE_KT=store_kt, **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K),
-        num_warps=_seq_warps(_block_k(K)),
-    )
-    return d_all, d_final, kt
+    return launch_fwd(phase1_fwd_seq_kernel, k, beta, r, d0, eta, d_min=d_min, d_max=d_max, beta_aware=beta_aware,
+                      normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt,
+                      num_warps=_seq_warps(block_k(k.shape[3])))
 
 
 def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
                    phase2_grads=None):
-    """Sequential backward: (dk, dbeta, dr, dd0, deta [N, H]), float32 (dr None without r). With `phase2_grads`
-    = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's shapes), the fused form: ∂k and ∂β are the totals, in k's
-    and β's dtypes."""
-    B, T, H, K = k.shape
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    f32 = dict(dtype=torch.float32, device=k.device)
-    fused = phase2_grads is not None
-    dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
-    if fused:
-        dbeta = torch.empty_like(beta)
-    else:
-        dbeta = torch.zeros(B, T, H, **f32) if not beta_aware else torch.empty(B, T, H, **f32)
-    dr = torch.empty(B, T, H, **f32) if r is not None else None
-    dd0 = torch.empty(N, H, K, **f32)
-    deta = torch.empty(N, H, **f32)
-    phase1_bwd_seq_kernel[(N, H)](
-        k, beta, r if r is not None else beta, eta, d_all,
-        gd_all if gd_all is not None else d_all, gd_final if gd_final is not None else dd0,
-        *(phase2_grads if fused else (dd0, dd0, dd0)), cu_seqlens if cu_seqlens is not None else dd0,
-        dk, dbeta, dr if dr is not None else dbeta, dd0, deta,
-        T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-        HAS_GD_ALL=gd_all is not None, HAS_GD_FINAL=gd_final is not None, FUSED=fused,
-        **_flags(r, d_min, d_max, beta_aware, normalize, cu_seqlens, K), num_warps=_seq_warps(_block_k(K)),
-    )
-    return dk, dbeta, dr, dd0, deta
+    """Sequential backward: phase1_launch.launch_bwd's results (the fused form with `phase2_grads`)."""
+    return launch_bwd(phase1_bwd_seq_kernel, k, beta, r, eta, d_all, gd_all, gd_final, d_min=d_min, d_max=d_max,
+                      beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
+                      num_warps=_seq_warps(block_k(k.shape[3])))
 
 
 def _grad_like(grad, x):

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from osdn_ref import EPS
 
-from .phase1 import _block_k, _seq_bounds
+from .phase1_launch import block_k, seq_bounds
 
 SOLVERS = ("substitution", "doubling")  # how each chunk's (I + L)⁻¹ is formed (see _unit_lower_inverse)
 
@@ -151,7 +151,7 @@ def phase1_chunk_prep_kernel(
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
-    _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    _, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
     gram = tl.zeros([C, C], dtype=tl.float32)
@@ -182,7 +182,7 @@ def phase1_chunk_state_kernel(
     """Sequential over the chunks of (sequence n, head h): u = u⁰ − Tq (A x), x ← e^{γ_C} x + Aᵀ(e^{γ_C − γ̄} u)."""
     n = tl.program_id(0)
     h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
@@ -222,7 +222,7 @@ def phase1_chunk_out_kernel(
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
-    _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    _, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     t, valid, _, lr = _chunk_scalars(r, r, cs, eos, h, H, HAS_R, False, C)
     g_incl = tl.cumsum(lr, axis=0)
     g = g_incl - lr
@@ -253,7 +253,7 @@ def phase1_chunk_bwd_prep_kernel(
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
-    _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    _, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
     g_incl = tl.cumsum(lr, axis=0)
@@ -295,7 +295,7 @@ def phase1_chunk_bwd_state_kernel(
     """Reverse over the chunks of (n, h): p = pᵍ + Tp (A λ), λ ← e^{Γ} λ + hᵍ − Aᵀ(e^{γ} c p); dd_0 = λ."""
     n = tl.program_id(0)
     h = tl.program_id(1)
-    bos, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
@@ -344,7 +344,7 @@ def phase1_chunk_bwd_out_kernel(
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
-    _, eos = _seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    _, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
     s = tl.zeros([C], dtype=tl.float32)
@@ -433,7 +433,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    C, BK = chunk_size, _block_k(K)
+    C, BK = chunk_size, block_k(K)
     NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
     seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
     f32 = dict(dtype=torch.float32, device=k.device)
@@ -470,7 +470,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    C, BK = chunk_size, _block_k(K)
+    C, BK = chunk_size, block_k(K)
     NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
     seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
     f32 = dict(dtype=torch.float32, device=k.device)

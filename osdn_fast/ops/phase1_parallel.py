@@ -17,11 +17,10 @@ the loop stops there, bitwise. In practice 1–9 sweeps (the CPU study in NOTES.
 """
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
-from osdn_ref import EPS
+from .phase1_launch import launch_bwd, launch_fwd, seq_bounds
 
 BIG = tl.constexpr(1e30)  # "no bound": finite, so that a retention of 0 (α = 0) never meets 0 · ∞
 
@@ -42,12 +41,7 @@ def phase1_fwd_parallel_kernel(
     STORE_KT: tl.constexpr,
 ):
     n, h = tl.program_id(0), tl.program_id(1)
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + n).to(tl.int64)
-        eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
-    else:
-        bos = n.to(tl.int64) * T
-        eos = bos + T
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_i = tl.arange(0, BT)
     m_k = o_k < K
@@ -127,21 +121,9 @@ def phase1_fwd_parallel_kernel(
 def phase1_fwd_parallel(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
                         chunk_size=64):
     """The forward of phase1.phase1_fwd_seq (same arguments and results), chunk-parallel by the fixed point."""
-    B, T, H, K = k.shape
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    d_all = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
-    d_final = torch.empty(N, H, K, dtype=torch.float32, device=k.device)
-    kt = torch.empty_like(k) if store_kt else None
-    BK = max(16, triton.next_power_of_2(K))
-    phase1_fwd_parallel_kernel[(N, H)](
-        k, beta, r if r is not None else beta, d0 if d0 is not None else d_final, eta, d_all, d_final,
-        kt if store_kt else d_final, cu_seqlens if cu_seqlens is not None else d_final,
-        T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-        HAS_R=r is not None, HAS_D0=d0 is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize,
-        HAS_MIN=d_min is not None, HAS_MAX=d_max is not None, IS_VARLEN=cu_seqlens is not None, BK=BK,
-        BT=chunk_size, STORE_KT=store_kt, num_warps=4,
-    )
-    return d_all, d_final, kt
+    return launch_fwd(phase1_fwd_parallel_kernel, k, beta, r, d0, eta, d_min=d_min, d_max=d_max,
+                      beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt,
+                      BT=chunk_size, num_warps=4)
 
 
 @triton.jit
@@ -205,12 +187,7 @@ def phase1_bwd_parallel_kernel(
     p_t = ⟨keep_t ⊙ λ_{t+1}, a_t⟩: an affine scan over the chunk (rows in reverse token order) and a fixed point
     in p, as in the forward."""
     n, h = tl.program_id(0), tl.program_id(1)
-    if IS_VARLEN:
-        bos = tl.load(cu_seqlens + n).to(tl.int64)
-        eos = tl.load(cu_seqlens + n + 1).to(tl.int64)
-    else:
-        bos = n.to(tl.int64) * T
-        eos = bos + T
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     o_k = tl.arange(0, BK)
     o_i = tl.arange(0, BT)
     m_k = o_k < K
@@ -278,27 +255,6 @@ def phase1_bwd_parallel_kernel(
 def phase1_bwd_parallel(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize,
                         cu_seqlens, phase2_grads=None, chunk_size=64):
     """The backward of phase1.phase1_bwd_seq (same arguments and results), chunk-parallel by the fixed point."""
-    B, T, H, K = k.shape
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    f32 = dict(dtype=torch.float32, device=k.device)
-    fused = phase2_grads is not None
-    dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
-    if fused:
-        dbeta = torch.empty_like(beta)
-    else:
-        dbeta = torch.zeros(B, T, H, **f32) if not beta_aware else torch.empty(B, T, H, **f32)
-    dr = torch.empty(B, T, H, **f32) if r is not None else None
-    dd0 = torch.empty(N, H, K, **f32)
-    deta = torch.empty(N, H, **f32)
-    phase1_bwd_parallel_kernel[(N, H)](
-        k, beta, r if r is not None else beta, eta, d_all,
-        gd_all if gd_all is not None else d_all, gd_final if gd_final is not None else dd0,
-        *(phase2_grads if fused else (dd0, dd0, dd0)), cu_seqlens if cu_seqlens is not None else dd0,
-        dk, dbeta, dr if dr is not None else dbeta, dd0, deta,
-        T, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-        HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
-        HAS_MAX=d_max is not None, HAS_GD_ALL=gd_all is not None, HAS_GD_FINAL=gd_final is not None,
-        IS_VARLEN=cu_seqlens is not None, BK=max(16, triton.next_power_of_2(K)), BT=chunk_size, FUSED=fused,
-        num_warps=4,
-    )
-    return dk, dbeta, dr, dd0, deta
+    return launch_bwd(phase1_bwd_parallel_kernel, k, beta, r, eta, d_all, gd_all, gd_final, d_min=d_min,
+                      d_max=d_max, beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens,
+                      phase2_grads=phase2_grads, BT=chunk_size, num_warps=4)
