@@ -332,12 +332,12 @@ def preconditioner_scan(
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
-    with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. `chunked=True` uses the chunk-parallel
-    forward (chunks of `chunk_size`, a power of two ≥ 16; no clip), else the sequential scan (the default:
-    on the H200 it measured faster, see benchmarks/NOTES.md); `parallel=True` the exact chunk-parallel form, clip
-    included, that chunk_osdn runs (phase1_parallel.py); the backward takes the same form as the forward. `solver` ("substitution" or "doubling") forms
-    each chunk's (I + L)⁻¹; `dot_precision` is tl.dot's input_precision ("ieee"; "tf32x3" on GPUs, to be
-    measured). Inputs are assumed validated.
+    with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. The default is the sequential scan, the form
+    chunk_osdn runs (on the H200 it measured faster than both others, benchmarks/NOTES.md). `chunked=True` takes
+    the unclipped chunk form (chunks of `chunk_size`, a power of two ≥ 16; `solver` "substitution" or "doubling"
+    forms each chunk's (I + L)⁻¹, `dot_precision` is tl.dot's input_precision), `parallel=True` the exact
+    chunk-parallel fixed point, clip included (phase1_parallel.py). The backward takes the forward's form.
+    Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):
