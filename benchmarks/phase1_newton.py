@@ -1,0 +1,114 @@
+"""Can phase 1 WITH the clip run in parallel ACROSS chunks? A float64 CPU study of Newton's method over chunks.
+
+The sequential scan and the chunk-parallel fixed point (phase1_fixed_point.py) both walk the chunks of a sequence
+in order: with B·H = 16 chains of T = 16384 steps, phase 1 cannot meet issue 6's targets that way (NOTES.md,
+version 4). Across chunks, phase 1 is x_{c+1} = F_c(x_c): chunk c's map from the d entering it to the d leaving it.
+F_c is piecewise affine (affine while the clip's active set stays the same), with Jacobian
+
+    J_c = Π_t diag(keep_t) (r_t I − c_t a_t a_tᵀ),   c_t = η b_t² / n_t,  keep_t = [d_min < z_t < d_max],
+
+so Newton's method on the whole chain (all chunks at once, as in DEER for nonlinear RNNs) reads
+
+    every chunk from its guess g_c, in parallel:  F_c(g_c), J_c(g_c)
+    new guesses by one linear scan over chunks:   g'_0 = d_0,  g'_{c+1} = F_c(g_c) + J_c (g'_c − g_c)
+
+and it is exact as soon as every chunk's active set is right. Plain Jacobi (g'_{c+1} = F_c(g_c)) needs up to one
+round per chunk: without APF the map barely contracts (c_t ‖a_t‖² ≈ 3η/K per step), so a wrong guess travels.
+This script counts the rounds of both from the guess g_c = 1 (d's initial value) and checks the result against
+osdn_ref's sequential scan:
+
+    python benchmarks/phase1_newton.py                 # CPU, float64, about a minute
+    python benchmarks/phase1_newton.py --T 16384 --seeds 1
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from osdn_ref import preconditioner_scan
+from osdn_ref.preconditioner import EPS
+
+
+def run_chunks(g, a, b, r, n, eta, lo, hi, jacobian=True):
+    """Every chunk from its entering d (g [N, K]), all chunks at once, token by token inside a chunk.
+    Returns (d_t [N, C, K], F(g) [N, K], J [N, K, K] or None)."""
+    N, C, K = a.shape
+    d, ds = g.clone(), []
+    J = torch.eye(K, dtype=g.dtype).expand(N, K, K).clone() if jacobian else None
+    for t in range(C):
+        at, bt, rt, nt = a[:, t], b[:, t], r[:, t], n[:, t]
+        ds.append(d)
+        w = eta * bt * (1 - bt * (d * at).sum(-1)) / nt
+        z = rt[:, None] * d + w[:, None] * at
+        if jacobian:  # J ← diag(keep)(r I − c a aᵀ) J
+            keep = ((z > lo) & (z < hi)).to(g.dtype)
+            c = eta * bt * bt / nt
+            J = keep[:, :, None] * (rt[:, None, None] * J - c[:, None, None] * at[:, :, None] * (at[:, None, :] @ J))
+        d = z.clamp(lo, hi)
+    return torch.stack(ds, 1), d, J
+
+
+def solve_chain(a, b, r, n, eta, lo, hi, newton, tol=1e-13, max_rounds=None):
+    """Rounds until the chunk-entering d stop changing (relative tol); returns (d_t [N, C, K], rounds)."""
+    N, _, K = a.shape
+    g = torch.ones(N, K, dtype=a.dtype)
+    for rounds in range(1, (max_rounds or N + 1) + 1):
+        d_all, f, J = run_chunks(g, a, b, r, n, eta, lo, hi, jacobian=newton)
+        new = torch.empty_like(g)
+        new[0] = 1.0
+        for c in range(N - 1):  # the linear scan over chunks (a parallel affine scan on a GPU)
+            new[c + 1] = f[c] + J[c] @ (new[c] - g[c]) if newton else f[c]
+        if (new - g).abs().max() <= tol * g.abs().max():
+            return d_all, rounds
+        g = new
+    raise RuntimeError(f"no convergence in {rounds} rounds")
+
+
+def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5):
+    gen = torch.Generator().manual_seed(seed)
+    if keys == "random":
+        k = torch.randn(T, K, generator=gen, dtype=torch.float64)
+    else:  # 32 directions reused: repeated keys, the case phase 1 is for
+        k = torch.randn(32, K, generator=gen, dtype=torch.float64)[torch.randint(0, 32, (T,), generator=gen)]
+    k = torch.nn.functional.normalize(k, dim=-1)
+    beta = torch.randn(T, generator=gen, dtype=torch.float64).sigmoid()
+    r = (0.9 + 0.1 * torch.rand(T, generator=gen, dtype=torch.float64)) if apf else torch.ones(T, dtype=torch.float64)
+    ref = preconditioner_scan(k[None, :, None], beta[None, :, None], eta=eta, r=r[None, :, None] if apf else None,
+                              d_min=d_min, d_max=d_max).d[0, :, 0]
+    a, n = k * k, (k * k).sum(-1) + EPS
+    N = T // C
+    by_chunk = lambda x: x.reshape(N, C, *x.shape[1:])  # noqa: E731
+    out = {}
+    for name, newton in (("newton", True), ("jacobi", False)):
+        d, rounds = solve_chain(by_chunk(a), by_chunk(beta), by_chunk(r), by_chunk(n), eta, d_min, d_max, newton)
+        out[name] = dict(rounds=rounds, err=(d.reshape(T, K) - ref).abs().max().item())
+    out["clipped"] = ((ref <= d_min) | (ref >= d_max)).double().mean().item()
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--T", type=int, default=2048)
+    ap.add_argument("--K", type=int, default=128)
+    ap.add_argument("--seeds", type=int, default=2)
+    args = ap.parse_args(argv)
+    print(f"T = {args.T} ({args.T // 64} chunks of 64), K = {args.K}, clip [2/3, 1.5], float64, guess d = 1; "
+          "rounds until the chunk starts stop changing, worst over seeds")
+    print(f"{'keys':8s} {'eta':>6s} {'APF':>4s} {'Newton':>7s} {'Jacobi':>7s} {'clipped':>8s} "
+          f"{'max |d - seq| Newton':>21s} {'Jacobi':>8s}")
+    for keys in ("random", "repeated"):
+        for eta in (0.003, 0.1, 0.5):
+            for apf in (False, True):
+                t = time.perf_counter()
+                runs = [study(args.T, args.K, eta, apf, keys, seed) for seed in range(args.seeds)]
+                worst = lambda m, f: max(run[m][f] for run in runs)  # noqa: E731
+                print(f"{keys:8s} {eta:6.3f} {'yes' if apf else 'no':>4s} {worst('newton', 'rounds'):7d} "
+                      f"{worst('jacobi', 'rounds'):7d} {sum(r['clipped'] for r in runs) / len(runs):8.1%} "
+                      f"{worst('newton', 'err'):21.1e} {worst('jacobi', 'err'):8.1e}   ({time.perf_counter() - t:.1f}s)",
+                      flush=True)
+
+
+if __name__ == "__main__":
+    main()
