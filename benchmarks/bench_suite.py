@@ -4,7 +4,8 @@ One run times, with CUDA events and medians (`triton.testing.do_bench`), forward
 
 - `osdn_fast.chunk_osdn`: OSDN and OSDN-APF, with and without the GDN gate, with and without the clip;
 - its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan`, the sequential scan that chunk_osdn runs), to
-  report phase 1's share, and beside it the exact chunk-parallel form and the unclipped chunk form;
+  report phase 1's share, and beside it the exact chunk-parallel form, the Newton form across chunks (its
+  backward is the sequential reverse scan) and the unclipped chunk form;
 - fla 0.6.0's `chunk_delta_rule` and `chunk_gated_delta_rule` (the named baselines; skipped, and said so, when
   fla is not importable);
 - `osdn_ref.chunk_osdn` (PyTorch; only at the smallest shapes: its phase 1 is a Python loop over tokens),
@@ -161,6 +162,9 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
             p1p = lambda k=k, beta=beta, extra=extra: preconditioner_scan(  # noqa: E731
                 k, beta, eta=eta, parallel=True, **extra)[0]
             run(f"phase1_parallel[{name}]", "phase1", p1p, [k, beta], torch.ones(B, T, H, D, device=device))
+            p1n = lambda k=k, beta=beta, extra=extra: preconditioner_scan(  # noqa: E731
+                k, beta, eta=eta, newton=True, **extra)[0]
+            run(f"phase1_newton[{name}]", "phase1", p1n, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn":  # the chunk-parallel phase 1 (no clip), opt-in
             p1c = lambda k=k, beta=beta: preconditioner_scan(k, beta, eta=eta, chunked=True)[0]  # noqa: E731
             run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))

@@ -95,7 +95,7 @@ def fenced(x: torch.Tensor, pad: int = 8192) -> torch.Tensor:
     return inner
 
 
-def fast(x, p, chunked, parallel=False):
+def fast(x, p, chunked, parallel=False, newton=False):
     """osdn_fast on the device: k, β in the problem's dtype; r, d_0, η in float32 (all fenced by NaNs)."""
     conv = lambda t, dt=torch.float32: fenced(t.detach().to(DEVICE, dt)).requires_grad_()  # noqa: E731
     y = dict(
@@ -108,7 +108,7 @@ def fast(x, p, chunked, parallel=False):
         cu = torch.tensor([0] + p["lengths"], device=DEVICE).cumsum(0).to(torch.int32)
     d_all, d_final = preconditioner_scan(
         y["k"], y["beta"], eta=y["eta"], r=y["r"], d0=y["d0"], cu_seqlens=cu, chunked=chunked,
-        parallel=parallel, chunk_size=p["chunk_size"], solver=p["solver"], **p["options"],
+        parallel=parallel, newton=newton, chunk_size=p["chunk_size"], solver=p["solver"], **p["options"],
     )
     return y, d_all, d_final
 
@@ -128,11 +128,11 @@ def close(label, actual, expected, tol, floor=1e-2):
     assert err <= tol * max(expected.norm().item(), floor), f"{label}: error {err:.3e}, |expected| {expected.norm():.3e}"
 
 
-def compare(p, chunked, parallel=False):
+def compare(p, chunked, parallel=False, newton=False):
     x = make_inputs(p)
     leaves = {n: t.requires_grad_() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
     ref_all, ref_final = reference(leaves, p)
-    y, d_all, d_final = fast(x, p, chunked, parallel)
+    y, d_all, d_final = fast(x, p, chunked, parallel, newton)
     assert d_all.dtype == d_final.dtype == torch.float32
     assert d_all.shape == ref_all.shape and d_final.shape == ref_final.shape
     osdn_ref.check("d_all", d_all, ref_all, FORWARD_TOL)
@@ -158,6 +158,13 @@ def test_sequential_matches_reference(p):
 def test_parallel_matches_reference(p):
     """The exact chunk-parallel form that chunk_osdn runs (clip included), through preconditioner_scan."""
     compare(p, chunked=False, parallel=True)
+
+
+@settings(max_examples=12, deadline=None)
+@given(phase1_problems())
+def test_newton_matches_reference(p):
+    """Phase 1 across chunks by Newton's method (clip included), through preconditioner_scan."""
+    compare(p, chunked=False, newton=True)
 
 
 @settings(max_examples=12, deadline=None)
@@ -233,10 +240,11 @@ def test_chunk_size_must_be_a_power_of_two():
         preconditioner_scan(k, torch.rand(1, 4, 1, device=DEVICE), eta=0.1, chunk_size=24, chunked=True)
 
 
-def test_chunked_and_parallel_exclude_each_other():
+def test_forms_exclude_each_other():
     k = torch.nn.functional.normalize(torch.randn(1, 4, 1, 16), dim=-1).to(DEVICE)
-    with pytest.raises(ValueError, match="chunked and parallel"):
-        preconditioner_scan(k, torch.rand(1, 4, 1, device=DEVICE), eta=0.1, chunked=True, parallel=True)
+    for forms in (dict(chunked=True, parallel=True), dict(parallel=True, newton=True)):
+        with pytest.raises(ValueError, match="pick one form"):
+            preconditioner_scan(k, torch.rand(1, 4, 1, device=DEVICE), eta=0.1, **forms)
 
 
 def test_chunked_refuses_the_clip():

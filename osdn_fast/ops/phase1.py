@@ -271,23 +271,28 @@ def _grad_like(grad, x):
 
 
 class Phase1Function(torch.autograd.Function):
-    """(k, β, r, d_0, η[H]) → (d_all, d_final); `chunk` None is the sequential scan, "parallel" the exact
-    chunk-parallel fixed point (phase1_parallel.py), else the unclipped chunk form's options (chunk_size, solver,
-    precision); the backward takes the same form as the forward."""
+    """(k, β, r, d_0, η[H]) → (d_all, d_final) in the form `form`: "sequential", "parallel" (the exact
+    chunk-parallel fixed point, phase1_parallel.py), "newton" (across chunks, phase1_newton.py; its backward is the
+    sequential reverse scan, exact given the stored d) or "chunked" (the unclipped chunk form, phase1_chunk.py);
+    `options` are the form's own (chunk_size, and for "chunked" solver and precision)."""
 
     @staticmethod
-    def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, chunk):
+    def forward(ctx, k, beta, r, d0, eta, d_min, d_max, beta_aware, normalize, cu_seqlens, form, options):
         opts = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens)
-        if chunk == "parallel":
-            d_all, d_final, _ = phase1_fwd_parallel(k, beta, r, d0, eta, **opts)
-        elif chunk:
+        if form == "parallel":
+            d_all, d_final, _ = phase1_fwd_parallel(k, beta, r, d0, eta, **opts, **options)
+        elif form == "newton":
+            from .phase1_newton import phase1_fwd_newton
+
+            d_all, d_final, _, _ = phase1_fwd_newton(k, beta, r, d0, eta, **opts, **options)
+        elif form == "chunked":
             from .phase1_chunk import phase1_fwd_chunk
 
-            d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, **chunk)
+            d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, **options)
         else:
             d_all, d_final, _ = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
         ctx.save_for_backward(k, beta, r, d0, eta, d_all, cu_seqlens)
-        ctx.opts, ctx.chunk = opts, chunk
+        ctx.opts, ctx.form, ctx.options = opts, form, options
         return d_all, d_final
 
     @staticmethod
@@ -296,18 +301,18 @@ class Phase1Function(torch.autograd.Function):
         opts = dict(ctx.opts, cu_seqlens=cu_seqlens)
         gd_all = None if gd_all is None else gd_all.contiguous()
         gd_final = None if gd_final is None else gd_final.contiguous()
-        if ctx.chunk == "parallel":
-            grads = phase1_bwd_parallel(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
-        elif ctx.chunk:
+        if ctx.form == "parallel":
+            grads = phase1_bwd_parallel(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.options)
+        elif ctx.form == "chunked":
             from .phase1_chunk import phase1_bwd_chunk
 
-            grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.chunk)
+            grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.options)
         else:
             grads = phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
         dk, dbeta, dr, dd0, deta = grads
         return (
             dk.to(k.dtype), dbeta.to(beta.dtype), _grad_like(dr, r), _grad_like(dd0, d0),
-            _grad_like(deta.sum(0), eta), None, None, None, None, None, None,
+            _grad_like(deta.sum(0), eta), None, None, None, None, None, None, None,
         )
 
 
@@ -325,6 +330,7 @@ def preconditioner_scan(
     cu_seqlens: torch.Tensor | None = None,
     chunked: bool = False,
     parallel: bool = False,
+    newton: bool = False,
     chunk_size: int = 64,
     solver: str = "substitution",
     dot_precision: str = "ieee",
@@ -336,20 +342,23 @@ def preconditioner_scan(
     chunk_osdn runs (on the H200 it measured faster than both others, benchmarks/NOTES.md). `chunked=True` takes
     the unclipped chunk form (chunks of `chunk_size`, a power of two ≥ 16; `solver` "substitution" or "doubling"
     forms each chunk's (I + L)⁻¹, `dot_precision` is tl.dot's input_precision), `parallel=True` the exact
-    chunk-parallel fixed point, clip included (phase1_parallel.py). The backward takes the forward's form.
+    chunk-parallel fixed point, clip included (phase1_parallel.py), `newton=True` the forward across chunks by
+    Newton's method, clip included (phase1_newton.py; chunks of `chunk_size`, its backward the sequential
+    reverse scan). Otherwise the backward takes the forward's form.
     Inputs are assumed validated.
     """
     H = k.shape[2]
     if not isinstance(eta, torch.Tensor):
         eta = torch.full((H,), float(eta), dtype=torch.float32, device=k.device)
-    if chunked and parallel:
-        raise ValueError("chunked and parallel: pick one form of phase 1")
+    if chunked + parallel + newton > 1:
+        raise ValueError("chunked, parallel, newton: pick one form of phase 1")
     if chunked and (d_min is not None or d_max is not None):
         raise ValueError("the chunk-parallel phase 1 has no clip: use chunked=False with d_min/d_max")
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
+    form = "parallel" if parallel else "newton" if newton else "chunked" if chunked else "sequential"
+    options = dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked else \
+        dict(chunk_size=chunk_size) if parallel or newton else {}
     return Phase1Function.apply(
         k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
-        beta_aware, normalize, contig(cu_seqlens),
-        "parallel" if parallel else dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked
-        else None,
+        beta_aware, normalize, contig(cu_seqlens), form, options,
     )

@@ -1,0 +1,137 @@
+"""Phase 1's forward across chunks, clip included, by Newton's method over the chunks (NOTES.md, next change 1;
+the float64 study is benchmarks/phase1_newton.py).
+
+Chunk c of a sequence maps the d entering it to the d leaving it, x_{c+1} = F_c(x_c): piecewise affine, with
+Jacobian J_c = Π_t diag(keep_t)(r_t I − c_t a_t a_tᵀ) (keep_t: the coordinates the clip left alone, c_t = η b_t² / n_t).
+One round:
+
+1. chunk pass, every chunk of every sequence and head at once (`newton_chunk_kernel`): from its guess g_c, the
+   token loop of the sequential scan (writing d_t and k̃_t), then F_c(g_c) and J_c;
+2. chain pass, one program per (sequence, head) (`newton_chain_kernel`): g'_0 = d_0,
+   g'_{c+1} = F_c(g_c) + J_c (g'_c − g_c), and the largest change |g' − g| relative to |g|.
+
+Rounds repeat until no chunk start changes (to `tol`); the chunk pass of that last round ran from the fixed point,
+so its d_t are the scan's. Round m makes chunk m's start exact, so a sequence of n chunks needs at most n + 1
+rounds; the study needed 2–7 at 256 chunks. The fixed point g = F(g) does not depend on J's accuracy.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from osdn_ref import EPS
+
+from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
+from .phase1 import _gains, _load_token
+from .phase1_launch import block_k
+
+
+@triton.jit
+def newton_chunk_kernel(
+    k, beta, r, eta, guess, d_all, kt_out, F, J, cu_seqlens, chunk_indices,
+    H, K, eps, d_min, d_max,
+    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
+    HAS_MAX: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, STORE_KT: tl.constexpr,
+):
+    """Chunk i_t, head h, from d = guess[i_t, h]: stores d_t (and k̃_t) of its tokens, F = the d leaving it, and
+    J [K, K] = ∂F/∂guess (row: coordinate of F, column: coordinate of the guess)."""
+    i_t, h = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_indices + i_t * 2)
+    i_c = tl.load(chunk_indices + i_t * 2 + 1)
+    t0 = tl.load(cu_seqlens + i_n).to(tl.int64) + i_c * BT
+    t1 = tl.minimum(t0 + BT, tl.load(cu_seqlens + i_n + 1).to(tl.int64))
+    offs = tl.arange(0, BK)
+    mask = offs < K
+    state = (i_t * H + h) * K + offs
+    d = tl.load(guess + state, mask=mask, other=0.0)
+    both = tl.maximum(offs[:, None], offs[None, :]) < K  # the [K, K] block of the [BK, BK] tile
+    jac = tl.where((offs[:, None] == offs[None, :]) & both, 1.0, 0.0)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    for t in range(t0, t1):
+        kt, b, rt = _load_token(k, beta, r, t, t < t1, h, H, K, offs, HAS_R, BETA_AWARE)
+        row = (t * H + h) * K + offs
+        tl.store(d_all + row, d, mask=mask)
+        kt = kt.to(tl.float32)
+        if STORE_KT:
+            tl.store(kt_out + row, d * kt, mask=mask)
+        if BETA_AWARE:
+            b = b.to(tl.float32)
+        if HAS_R:
+            rt = rt.to(tl.float32)
+        a = kt * kt
+        w, c, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
+        z = rt * d + w * a
+        keep = mask
+        if HAS_MIN:
+            keep = keep & (z >= d_min)
+            z = tl.maximum(z, d_min)
+        if HAS_MAX:
+            keep = keep & (z <= d_max)
+            z = tl.minimum(z, d_max)
+        at_j = tl.sum(a[:, None] * jac, axis=0)  # aᵀJ
+        jac = tl.where(keep[:, None], rt * jac - c * a[:, None] * at_j[None, :], 0.0)
+        d = z
+    tl.store(F + state, d, mask=mask)
+    tl.store(J + (i_t * H + h) * K * K + offs[:, None] * K + offs[None, :], jac, mask=both)
+
+
+@triton.jit
+def newton_chain_kernel(guess, F, J, new_guess, change, d0, d_final, chunk_offsets, H, K, BK: tl.constexpr):
+    """Sequence n, head h: g'_0 = d_0, g'_{c+1} = F_c + J_c (g'_c − g_c) over its chunks; stores g', the d leaving
+    the sequence, and max |g' − g| / max |g| over its chunks."""
+    n, h = tl.program_id(0), tl.program_id(1)
+    offs = tl.arange(0, BK)
+    mask = offs < K
+    x = tl.load(d0 + (n * H + h) * K + offs, mask=mask, other=0.0)
+    moved = 0.0
+    size = 0.0
+    for c in range(tl.load(chunk_offsets + n), tl.load(chunk_offsets + n + 1)):
+        state = (c * H + h) * K + offs
+        g = tl.load(guess + state, mask=mask, other=0.0)
+        tl.store(new_guess + state, x, mask=mask)
+        moved = tl.maximum(moved, tl.max(tl.abs(x - g), axis=0))
+        size = tl.maximum(size, tl.max(tl.abs(g), axis=0))
+        jac = tl.load(J + (c * H + h) * K * K + offs[:, None] * K + offs[None, :],
+                      mask=tl.maximum(offs[:, None], offs[None, :]) < K, other=0.0)
+        x = tl.load(F + state, mask=mask, other=0.0) + tl.sum(jac * (x - g)[None, :], axis=1)
+    tl.store(d_final + (n * H + h) * K + offs, x, mask=mask)
+    tl.store(change + n * H + h, moved / tl.maximum(size, 1e-30))
+
+
+def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
+                      chunk_size=64, tol=1e-6):
+    """The forward of phase1.phase1_fwd_seq (same arguments and results, plus the number of rounds), across
+    chunks by Newton's method. One host synchronisation per round (the convergence test)."""
+    B, T, H, K = k.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if cu_seqlens is None:
+        cu, (indices, offsets) = uniform_cu_seqlens(B, T, k.device), uniform_chunk_layout(B, T, chunk_size, k.device)
+        most = -(-T // chunk_size)
+    else:
+        cu, (indices, offsets) = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
+        most = int((offsets[1:] - offsets[:-1]).max())
+    NT, BK = indices.shape[0], block_k(K)
+    f32 = dict(dtype=torch.float32, device=k.device)
+    start = d0.float().contiguous() if d0 is not None else torch.ones(N, H, K, **f32)
+    guess = start[indices[:, 0].long()].contiguous()  # every chunk starts from its sequence's d_0
+    new_guess, F = torch.empty_like(guess), torch.empty_like(guess)
+    J = torch.empty(NT, H, K, K, **f32)
+    d_all = torch.empty(B, T, H, K, **f32)
+    d_final = torch.empty(N, H, K, **f32)
+    change = torch.empty(N, H, **f32)
+    kt = torch.empty_like(k) if store_kt else None
+    flags = dict(HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
+                 HAS_MAX=d_max is not None, BK=BK)
+    for rounds in range(1, most + 2):
+        newton_chunk_kernel[(NT, H)](
+            k, beta, r if r is not None else beta, eta, guess, d_all, kt if store_kt else d_all, F, J, cu, indices,
+            H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
+            BT=chunk_size, STORE_KT=store_kt, **flags, num_warps=4,
+        )
+        newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, start, d_final, offsets, H, K, BK=BK,
+                                    num_warps=4)
+        if change.max().item() <= tol:
+            break
+        guess, new_guess = new_guess, guess
+    return d_all, d_final, kt, rounds
