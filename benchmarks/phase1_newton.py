@@ -14,8 +14,9 @@ so Newton's method on the whole chain (all chunks at once, as in DEER for nonlin
 
 and it is exact as soon as every chunk's active set is right. Plain Jacobi (g'_{c+1} = F_c(g_c)) needs up to one
 round per chunk: without APF the map barely contracts (c_t ‖a_t‖² ≈ 3η/K per step), so a wrong guess travels.
-This script counts the rounds of both from the guess g_c = 1 (d's initial value) and checks the result against
-osdn_ref's sequential scan:
+Between the two, a diagonal J (Π_t keep_t r_t, O(K) per token instead of O(K²)) is a quasi-Newton method: the
+fixed point is the same, the convergence linear. This script counts the rounds of all three from the guess
+g_c = 1 (d's initial value) and checks the result against osdn_ref's sequential scan:
 
     python benchmarks/phase1_newton.py                 # CPU, float64, about a minute
     python benchmarks/phase1_newton.py --T 16384 --seeds 1
@@ -31,35 +32,40 @@ from osdn_ref import preconditioner_scan
 from osdn_ref.preconditioner import EPS
 
 
-def run_chunks(g, a, b, r, n, eta, lo, hi, jacobian=True):
-    """Every chunk from its entering d (g [N, K]), all chunks at once, token by token inside a chunk.
-    Returns (d_t [N, C, K], F(g) [N, K], J [N, K, K] or None)."""
+def run_chunks(g, a, b, r, n, eta, lo, hi, jacobian="full"):
+    """Every chunk from its entering d (g [N, K]), all chunks at once, token by token inside a chunk. Returns
+    (d_t [N, C, K], F(g) [N, K], J): J [N, K, K] ("full"), its diagonal part Π keep_t r_t [N, K] ("diagonal"),
+    or None."""
     N, C, K = a.shape
     d, ds = g.clone(), []
-    J = torch.eye(K, dtype=g.dtype).expand(N, K, K).clone() if jacobian else None
+    J = torch.eye(K, dtype=g.dtype).expand(N, K, K).clone() if jacobian == "full" else torch.ones_like(g)
     for t in range(C):
         at, bt, rt, nt = a[:, t], b[:, t], r[:, t], n[:, t]
         ds.append(d)
         w = eta * bt * (1 - bt * (d * at).sum(-1)) / nt
         z = rt[:, None] * d + w[:, None] * at
-        if jacobian:  # J ← diag(keep)(r I − c a aᵀ) J
-            keep = ((z > lo) & (z < hi)).to(g.dtype)
+        keep = ((z > lo) & (z < hi)).to(g.dtype)
+        if jacobian == "full":  # J ← diag(keep)(r I − c a aᵀ) J
             c = eta * bt * bt / nt
             J = keep[:, :, None] * (rt[:, None, None] * J - c[:, None, None] * at[:, :, None] * (at[:, None, :] @ J))
+        else:
+            J = keep * rt[:, None] * J
         d = z.clamp(lo, hi)
-    return torch.stack(ds, 1), d, J
+    return torch.stack(ds, 1), d, J if jacobian else None
 
 
-def solve_chain(a, b, r, n, eta, lo, hi, newton, tol=1e-13, max_rounds=None):
-    """Rounds until the chunk-entering d stop changing (relative tol); returns (d_t [N, C, K], rounds)."""
+def solve_chain(a, b, r, n, eta, lo, hi, jacobian, tol=1e-13, max_rounds=None):
+    """Rounds until the chunk-entering d stop changing (relative tol); `jacobian` "full" (Newton), "diagonal"
+    (quasi-Newton) or None (Jacobi). Returns (d_t [N, C, K], rounds)."""
     N, _, K = a.shape
     g = torch.ones(N, K, dtype=a.dtype)
     for rounds in range(1, (max_rounds or N + 1) + 1):
-        d_all, f, J = run_chunks(g, a, b, r, n, eta, lo, hi, jacobian=newton)
+        d_all, f, J = run_chunks(g, a, b, r, n, eta, lo, hi, jacobian=jacobian)
         new = torch.empty_like(g)
         new[0] = 1.0
         for c in range(N - 1):  # the linear scan over chunks (a parallel affine scan on a GPU)
-            new[c + 1] = f[c] + J[c] @ (new[c] - g[c]) if newton else f[c]
+            step = 0 if J is None else J[c] @ (new[c] - g[c]) if jacobian == "full" else J[c] * (new[c] - g[c])
+            new[c + 1] = f[c] + step
         if (new - g).abs().max() <= tol * g.abs().max():
             return d_all, rounds
         g = new
@@ -81,8 +87,8 @@ def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5):
     N = T // C
     by_chunk = lambda x: x.reshape(N, C, *x.shape[1:])  # noqa: E731
     out = {}
-    for name, newton in (("newton", True), ("jacobi", False)):
-        d, rounds = solve_chain(by_chunk(a), by_chunk(beta), by_chunk(r), by_chunk(n), eta, d_min, d_max, newton)
+    for name, jacobian in (("newton", "full"), ("diagonal", "diagonal"), ("jacobi", None)):
+        d, rounds = solve_chain(by_chunk(a), by_chunk(beta), by_chunk(r), by_chunk(n), eta, d_min, d_max, jacobian)
         out[name] = dict(rounds=rounds, err=(d.reshape(T, K) - ref).abs().max().item())
     out["clipped"] = ((ref <= d_min) | (ref >= d_max)).double().mean().item()
     return out
@@ -96,8 +102,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     print(f"T = {args.T} ({args.T // 64} chunks of 64), K = {args.K}, clip [2/3, 1.5], float64, guess d = 1; "
           "rounds until the chunk starts stop changing, worst over seeds")
-    print(f"{'keys':8s} {'eta':>6s} {'APF':>4s} {'Newton':>7s} {'Jacobi':>7s} {'clipped':>8s} "
-          f"{'max |d - seq| Newton':>21s} {'Jacobi':>8s}")
+    print(f"{'keys':8s} {'eta':>6s} {'APF':>4s} {'Newton':>7s} {'diag J':>7s} {'Jacobi':>7s} {'clipped':>8s} "
+          f"{'max |d - seq| Newton':>21s} {'diag J':>8s} {'Jacobi':>8s}")
     for keys in ("random", "repeated"):
         for eta in (0.003, 0.1, 0.5):
             for apf in (False, True):
@@ -105,8 +111,9 @@ def main(argv=None):
                 runs = [study(args.T, args.K, eta, apf, keys, seed) for seed in range(args.seeds)]
                 worst = lambda m, f: max(run[m][f] for run in runs)  # noqa: E731
                 print(f"{keys:8s} {eta:6.3f} {'yes' if apf else 'no':>4s} {worst('newton', 'rounds'):7d} "
-                      f"{worst('jacobi', 'rounds'):7d} {sum(r['clipped'] for r in runs) / len(runs):8.1%} "
-                      f"{worst('newton', 'err'):21.1e} {worst('jacobi', 'err'):8.1e}   ({time.perf_counter() - t:.1f}s)",
+                      f"{worst('diagonal', 'rounds'):7d} {worst('jacobi', 'rounds'):7d} "
+                      f"{sum(r['clipped'] for r in runs) / len(runs):8.1%} {worst('newton', 'err'):21.1e} "
+                      f"{worst('diagonal', 'err'):8.1e} {worst('jacobi', 'err'):8.1e}   ({time.perf_counter() - t:.1f}s)",
                       flush=True)
 
 

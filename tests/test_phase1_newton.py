@@ -35,7 +35,7 @@ def test_chunk_jacobian_is_the_derivative_of_the_chunk_map():
     assert ((f <= LO) | (f >= HI)).any() and ((f > LO) & (f < HI)).any()  # the clip acts, but not everywhere
     for c in range(2):
         F = lambda x, c=c: nw.run_chunks(x[None], a[c:c + 1], b[c:c + 1], r[c:c + 1], n[c:c + 1], 2.0, LO, HI,  # noqa: E731
-                                         jacobian=False)[1][0]
+                                         jacobian=None)[1][0]
         torch.testing.assert_close(J[c], torch.autograd.functional.jacobian(F, g[c]), rtol=0, atol=1e-12)
 
 
@@ -44,8 +44,10 @@ def test_newton_over_chunks_matches_the_sequential_scan(eta, apf):
     k, beta, r, chunks = problem(T=512, K=32, C=64, eta=eta, apf=apf, seed=2)
     ref = preconditioner_scan(k[None, :, None], beta[None, :, None], eta=eta, r=r[None, :, None] if apf else None,
                               d_min=LO, d_max=HI).d[0, :, 0]
-    d, rounds = nw.solve_chain(*chunks, eta, LO, HI, newton=True)
+    d, rounds = nw.solve_chain(*chunks, eta, LO, HI, jacobian="full")
     torch.testing.assert_close(d.reshape(ref.shape), ref, rtol=0, atol=1e-12)
     assert rounds <= 5, rounds  # 8 chunks: Jacobi takes up to 8 (one chunk per round, the last one confirming)
+    d_diag, _ = nw.solve_chain(*chunks, eta, LO, HI, jacobian="diagonal")  # quasi-Newton: same fixed point
+    torch.testing.assert_close(d_diag.reshape(ref.shape), ref, rtol=0, atol=1e-12)
     if not apf:  # without APF a wrong chunk start is barely damped: Jacobi walks the chain one chunk per round
-        assert nw.solve_chain(*chunks, eta, LO, HI, newton=False)[1] == 8
+        assert nw.solve_chain(*chunks, eta, LO, HI, jacobian=None)[1] == 8
