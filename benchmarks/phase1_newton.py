@@ -25,12 +25,16 @@ g_c = 1 (d's initial value) and checks the result against osdn_ref's sequential 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 
 from osdn_ref import preconditioner_scan
-from osdn_ref.preconditioner import EPS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from phase1_fixed_point import study_inputs  # noqa: E402  (the same inputs as the within-chunk study)
 
 
 def run_chunks(g, a, b, r, n, eta, lo, hi, jacobian="full"):
@@ -77,17 +81,9 @@ METHODS = {"newton": "full", "diagonal": "diagonal", "jacobi": None}
 
 
 def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5, methods=tuple(METHODS)):
-    gen = torch.Generator().manual_seed(seed)
-    if keys == "random":
-        k = torch.randn(T, K, generator=gen, dtype=torch.float64)
-    else:  # 32 directions reused: repeated keys, the case phase 1 is for
-        k = torch.randn(32, K, generator=gen, dtype=torch.float64)[torch.randint(0, 32, (T,), generator=gen)]
-    k = torch.nn.functional.normalize(k, dim=-1)
-    beta = torch.randn(T, generator=gen, dtype=torch.float64).sigmoid()
-    r = (0.9 + 0.1 * torch.rand(T, generator=gen, dtype=torch.float64)) if apf else torch.ones(T, dtype=torch.float64)
+    k, beta, r, a, n = study_inputs(T, K, apf, keys, seed)
     ref = preconditioner_scan(k[None, :, None], beta[None, :, None], eta=eta, r=r[None, :, None] if apf else None,
                               d_min=d_min, d_max=d_max).d[0, :, 0]
-    a, n = k * k, (k * k).sum(-1) + EPS
     assert T % C == 0, "T must be a multiple of the chunk size"
     N = T // C
     by_chunk = lambda x: x.reshape(N, C, *x.shape[1:])  # noqa: E731
