@@ -65,16 +65,22 @@ def chunk_fixed_point(d_in, a, b, r, n, eta, lo, hi, tol):
     raise RuntimeError("no fixed point after C + 1 sweeps")
 
 
-def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5, tol=1e-15):
+def study_inputs(T, K, apf, keys, seed):
+    """One head's float64 phase-1 inputs: unit keys k [T, K] ("random", or "repeated": 32 directions reused, the
+    case phase 1 is for), β [T], r [T] (strong APF, r ∈ [0.9, 1], or ones), a = k², n = ‖k‖² + ε."""
     gen = torch.Generator().manual_seed(seed)
     if keys == "random":
         k = torch.randn(T, K, generator=gen, dtype=torch.float64)
-    else:  # 32 directions reused: repeated keys, the case phase 1 is for
+    else:
         k = torch.randn(32, K, generator=gen, dtype=torch.float64)[torch.randint(0, 32, (T,), generator=gen)]
     k = torch.nn.functional.normalize(k, dim=-1)
     beta = torch.randn(T, generator=gen, dtype=torch.float64).sigmoid()
     r = (0.9 + 0.1 * torch.rand(T, generator=gen, dtype=torch.float64)) if apf else torch.ones(T, dtype=torch.float64)
-    a, n = k * k, (k * k).sum(-1) + EPS
+    return k, beta, r, k * k, (k * k).sum(-1) + EPS
+
+
+def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5, tol=1e-15):
+    k, beta, r, a, n = study_inputs(T, K, apf, keys, seed)
     d_in, sweeps, ds = torch.ones(K, dtype=torch.float64), [], []
     for c0 in range(0, T, C):
         d, d_in, m = chunk_fixed_point(d_in, a[c0:c0 + C], beta[c0:c0 + C], r[c0:c0 + C], n[c0:c0 + C], eta,

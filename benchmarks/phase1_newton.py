@@ -20,16 +20,21 @@ g_c = 1 (d's initial value) and checks the result against osdn_ref's sequential 
 
     python benchmarks/phase1_newton.py                 # CPU, float64, about a minute
     python benchmarks/phase1_newton.py --T 16384 --seeds 1
+    python benchmarks/phase1_newton.py --chunk 1 --methods newton --seeds 1   # Newton per token (DEER)
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import torch
 
 from osdn_ref import preconditioner_scan
-from osdn_ref.preconditioner import EPS
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from phase1_fixed_point import study_inputs  # noqa: E402  (the same inputs as the within-chunk study)
 
 
 def run_chunks(g, a, b, r, n, eta, lo, hi, jacobian="full"):
@@ -72,23 +77,19 @@ def solve_chain(a, b, r, n, eta, lo, hi, jacobian, tol=1e-13, max_rounds=None):
     raise RuntimeError(f"no convergence in {rounds} rounds")
 
 
-def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5):
-    gen = torch.Generator().manual_seed(seed)
-    if keys == "random":
-        k = torch.randn(T, K, generator=gen, dtype=torch.float64)
-    else:  # 32 directions reused: repeated keys, the case phase 1 is for
-        k = torch.randn(32, K, generator=gen, dtype=torch.float64)[torch.randint(0, 32, (T,), generator=gen)]
-    k = torch.nn.functional.normalize(k, dim=-1)
-    beta = torch.randn(T, generator=gen, dtype=torch.float64).sigmoid()
-    r = (0.9 + 0.1 * torch.rand(T, generator=gen, dtype=torch.float64)) if apf else torch.ones(T, dtype=torch.float64)
+METHODS = {"newton": "full", "diagonal": "diagonal", "jacobi": None}
+
+
+def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5, methods=tuple(METHODS)):
+    k, beta, r, a, n = study_inputs(T, K, apf, keys, seed)
     ref = preconditioner_scan(k[None, :, None], beta[None, :, None], eta=eta, r=r[None, :, None] if apf else None,
                               d_min=d_min, d_max=d_max).d[0, :, 0]
-    a, n = k * k, (k * k).sum(-1) + EPS
+    assert T % C == 0, "T must be a multiple of the chunk size"
     N = T // C
     by_chunk = lambda x: x.reshape(N, C, *x.shape[1:])  # noqa: E731
     out = {}
-    for name, jacobian in (("newton", "full"), ("diagonal", "diagonal"), ("jacobi", None)):
-        d, rounds = solve_chain(by_chunk(a), by_chunk(beta), by_chunk(r), by_chunk(n), eta, d_min, d_max, jacobian)
+    for name in methods:
+        d, rounds = solve_chain(by_chunk(a), by_chunk(beta), by_chunk(r), by_chunk(n), eta, d_min, d_max, METHODS[name])
         out[name] = dict(rounds=rounds, err=(d.reshape(T, K) - ref).abs().max().item())
     out["clipped"] = ((ref <= d_min) | (ref >= d_max)).double().mean().item()
     return out
@@ -99,22 +100,26 @@ def main(argv=None):
     ap.add_argument("--T", type=int, default=2048)
     ap.add_argument("--K", type=int, default=128)
     ap.add_argument("--seeds", type=int, default=2)
+    ap.add_argument("--chunk", type=int, default=64, help="tokens per chunk (1: Newton per token, as DEER)")
+    ap.add_argument("--methods", default="newton,diagonal,jacobi", help="comma-separated, of " + ",".join(METHODS))
     args = ap.parse_args(argv)
-    print(f"T = {args.T} ({args.T // 64} chunks of 64), K = {args.K}, clip [2/3, 1.5], float64, guess d = 1; "
+    methods = args.methods.split(",")
+    C = args.chunk
+    print(f"T = {args.T} ({args.T // C} chunks of {C}), K = {args.K}, clip [2/3, 1.5], float64, guess d = 1; "
           "rounds until the chunk starts stop changing, worst over seeds")
-    print(f"{'keys':8s} {'eta':>6s} {'APF':>4s} {'Newton':>7s} {'diag J':>7s} {'Jacobi':>7s} {'clipped':>8s} "
-          f"{'max |d - seq| Newton':>21s} {'diag J':>8s} {'Jacobi':>8s}")
+    print(f"{'keys':8s} {'eta':>6s} {'APF':>4s} " + "".join(f"{m:>9s}" for m in methods) + f" {'clipped':>8s} "
+          + "".join(f"{'err ' + m:>15s}" for m in methods))
     for keys in ("random", "repeated"):
         for eta in (0.003, 0.1, 0.5):
             for apf in (False, True):
                 t = time.perf_counter()
-                runs = [study(args.T, args.K, eta, apf, keys, seed) for seed in range(args.seeds)]
+                runs = [study(args.T, args.K, eta, apf, keys, seed, C=C, methods=methods) for seed in range(args.seeds)]
                 worst = lambda m, f: max(run[m][f] for run in runs)  # noqa: E731
-                print(f"{keys:8s} {eta:6.3f} {'yes' if apf else 'no':>4s} {worst('newton', 'rounds'):7d} "
-                      f"{worst('diagonal', 'rounds'):7d} {worst('jacobi', 'rounds'):7d} "
-                      f"{sum(r['clipped'] for r in runs) / len(runs):8.1%} {worst('newton', 'err'):21.1e} "
-                      f"{worst('diagonal', 'err'):8.1e} {worst('jacobi', 'err'):8.1e}   ({time.perf_counter() - t:.1f}s)",
-                      flush=True)
+                print(f"{keys:8s} {eta:6.3f} {'yes' if apf else 'no':>4s} "
+                      + "".join(f"{worst(m, 'rounds'):9d}" for m in methods)
+                      + f" {sum(r['clipped'] for r in runs) / len(runs):8.1%} "
+                      + "".join(f"{worst(m, 'err'):15.1e}" for m in methods)
+                      + f"   ({time.perf_counter() - t:.1f}s)", flush=True)
 
 
 if __name__ == "__main__":
