@@ -168,3 +168,14 @@ def test_kernels_compile_for_h200():
     res = subprocess.run([sys.executable, str(root / "benchmarks" / "compile_check.py"), "--dims", "128"],
                          cwd=root, env=env, capture_output=True, text=True, timeout=1200)
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+
+
+@pytest.mark.parametrize("B,T,C", [(1, 1, 16), (3, 64, 64), (2, 100, 32), (4, 17, 16)])
+def test_uniform_chunk_layout_is_chunk_layout(B, T, C):
+    """The host-side layout of fixed-length batches (no device-to-host wait) equals the general one."""
+    from osdn_fast.ops.index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
+
+    general = chunk_layout(uniform_cu_seqlens(B, T, "cpu"), C)
+    for got, want in zip(uniform_chunk_layout(B, T, C, "cpu"), general):
+        assert got.dtype == want.dtype == torch.int32
+        assert torch.equal(got, want)
