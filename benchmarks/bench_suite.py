@@ -57,7 +57,9 @@ def osdn_variants():
     return {
         "osdn": (False, False, {}),
         "osdn_clip": (False, False, clip),
+        "osdn_apf": (False, True, {}),
         "osdn_apf_clip": (False, True, clip),
+        "osdn_gdn": (True, False, {}),
         "osdn_gdn_clip": (True, False, clip),
         "osdn_apf_gdn_clip": (True, True, clip),
     }

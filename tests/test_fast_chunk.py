@@ -161,7 +161,7 @@ def test_kda_gate_not_implemented():
 
 
 def test_kernels_compile_for_h200():
-    """Every phase-2 kernel compiles ahead of time for sm_90 (the H200) with the installed Triton, within
+    """Every phase-1 and phase-2 kernel compiles ahead of time for sm_90 (the H200) with the installed Triton, within
     shared memory: benchmarks/compile_check.py in a subprocess, outside the interpreter."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
