@@ -21,7 +21,8 @@ def test_smoke_run_writes_every_row(tmp_path):
     from bench_suite import osdn_variants
 
     expected = set(osdn_variants()) | {"phase1[osdn]", "phase1[osdn_clip]", "phase1[osdn_apf_clip]",
-                                       "phase1_parallel[osdn_clip]", "phase1_chunked[osdn]", "osdn_ref"}
+                                       "phase1_parallel[osdn_clip]", "phase1_newton[osdn_clip]", "phase1_chunked[osdn]",
+                                       "osdn_ref"}
     for name in expected:
         assert {(name, "fwd"), (name, "fwdbwd")} <= impls, name
     assert result["meta"]["tuning"] and result["meta"]["date"]  # the launch settings and the date are recorded
