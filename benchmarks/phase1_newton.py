@@ -43,7 +43,7 @@ def run_chunks(g, a, b, r, n, eta, lo, hi, jacobian="full"):
     or None."""
     N, C, K = a.shape
     d, ds = g.clone(), []
-    J = torch.eye(K, dtype=g.dtype).expand(N, K, K).clone() if jacobian == "full" else torch.ones_like(g)
+    J = {"full": torch.eye(K, dtype=g.dtype).expand(N, K, K).clone(), "diagonal": torch.ones_like(g)}.get(jacobian)
     for t in range(C):
         at, bt, rt, nt = a[:, t], b[:, t], r[:, t], n[:, t]
         ds.append(d)
@@ -53,10 +53,10 @@ def run_chunks(g, a, b, r, n, eta, lo, hi, jacobian="full"):
         if jacobian == "full":  # J ← diag(keep)(r I − c a aᵀ) J
             c = eta * bt * bt / nt
             J = keep[:, :, None] * (rt[:, None, None] * J - c[:, None, None] * at[:, :, None] * (at[:, None, :] @ J))
-        else:
+        elif jacobian == "diagonal":
             J = keep * rt[:, None] * J
         d = z.clamp(lo, hi)
-    return torch.stack(ds, 1), d, J if jacobian else None
+    return torch.stack(ds, 1), d, J
 
 
 def solve_chain(a, b, r, n, eta, lo, hi, jacobian, tol=1e-13, max_rounds=None):

@@ -1,5 +1,6 @@
 """benchmarks/bench_suite.py runs end to end on the CPU (--smoke: tiny shapes, one call each, the interpreter),
 so a broken script is found here rather than in a GPU call; its JSON lists every implementation it promises."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,10 +18,10 @@ def test_smoke_run_writes_every_row(tmp_path):
     result = json.loads((tmp_path / "bench_suite.json").read_text())
     assert result["complete"] and (tmp_path / "bench_suite.csv").exists()
     impls = {(r["impl"], r["mode"]) for r in result["rows"]}
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from bench_suite import osdn_variants
-
-    expected = set(osdn_variants()) | {"phase1[osdn]", "phase1[osdn_clip]", "phase1[osdn_apf_clip]",
+    spec = importlib.util.spec_from_file_location("bench_suite", ROOT / "benchmarks" / "bench_suite.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    expected = set(bench.osdn_variants()) | {"phase1[osdn]", "phase1[osdn_clip]", "phase1[osdn_apf_clip]",
                                        "phase1_parallel[osdn_clip]", "phase1_newton[osdn_clip]", "phase1_chunked[osdn]",
                                        "osdn_ref"}
     for name in expected:
