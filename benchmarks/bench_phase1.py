@@ -67,9 +67,12 @@ def make_inputs(B, T, H, K, dtype, device, apf: bool):
     return dict(k=k, beta=beta, r=r, d0=d0, eta=eta), leaves
 
 
-def variants(chunk_sizes, solvers, precisions):
-    """(name, scan options): the sequential scan without and with the clip, then every chunk configuration."""
+def variants(chunk_sizes, solvers, precisions, newton=False):
+    """(name, scan options): the sequential scan without and with the clip, Newton over chunks of 64 with the clip
+    (if asked), then every chunk configuration."""
     out = [("seq", dict(chunked=False)), ("seq+clip", dict(chunked=False, d_min=2 / 3, d_max=1.5))]
+    if newton:
+        out.append(("newton64+clip", dict(newton=True, chunk_size=64, d_min=2 / 3, d_max=1.5)))
     for c in chunk_sizes:
         for solver in solvers:
             for prec in precisions:
@@ -118,6 +121,23 @@ def bench_shape(shape, dtype, device, configs, cuda):
     return rows
 
 
+def profile(shape, dtype, device, options, name):
+    """µs per forward+backward call of each CUDA kernel of one variant (torch.profiler, 10 calls), slowest first."""
+    from profile_phase2 import kernel_table  # benchmarks/ is on sys.path when this script runs
+
+    B, T, H, K = shape
+    x, _ = make_inputs(B, T, H, K, dtype, device, apf=False)
+    gd_all = torch.randn(B, T, H, K, device=device)
+
+    def forward_backward():
+        d_all, _ = preconditioner_scan(x["k"], x["beta"], eta=x["eta"], r=x["r"], d0=x["d0"], **options)
+        torch.autograd.backward([d_all], [gd_all])
+
+    table = [dict(kernel=n, us=round(us, 2), launches=c) for n, us, c in kernel_table(forward_backward)]
+    print(f"profile {name} {shape}:", json.dumps(table), flush=True)
+    return dict(B=B, T=T, H=H, K=K, variant=name, kernels=table)
+
+
 def ptxas_report(chunk_sizes, solvers, precisions, K=128):
     """Registers and stack (spills) per thread of every phase-1 kernel, compiled for sm_90 without a GPU
     (triton.compile to a cubin, then cuobjdump -res-usage from Triton's bundled CUDA tools)."""
@@ -148,21 +168,27 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
 
     BK = block_k(K)
     flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=False, BK=BK)
-    rows = [usage(seq.phase1_fwd_seq_kernel, dict(flags, HAS_D0=True, HAS_MIN=True, HAS_MAX=True), seq._seq_warps(BK)),
-            usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=True,
-                                                  HAS_GD_FINAL=True), seq._seq_warps(BK))]
+    rows = [usage(seq.phase1_fwd_seq_kernel, dict(flags, HAS_D0=True, HAS_MIN=True, HAS_MAX=True, STORE_KT=True),
+                  seq._seq_warps(BK)),
+            usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=False,
+                                                  HAS_GD_FINAL=True, FUSED=True), seq._seq_warps(BK))]
     for C in chunk_sizes:
         warps, kb = chk._tile_warps(C, BK), dict(KB=chk._k_block(C, BK))
         for solver in solvers:
             for prec in precisions:
                 solve = chk._solver_flags(C, solver, prec)
                 tiled = dict(flags, C=C)
-                rows += [usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb), warps),
+                inv = dict(HAS_INV=solver == "blockwise")
+                rows += [usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb, **inv, STORE_L=False), warps),
                          usage(chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=False, C=C, BK=BK, PREC=prec,
                                                                  **kb), warps),
-                         usage(chk.phase1_chunk_bwd_prep_kernel, dict(tiled, **solve, **kb), warps),
+                         usage(chk.phase1_chunk_bwd_prep_kernel, dict(tiled, **solve, **kb, **inv), warps),
                          usage(chk.phase1_chunk_bwd_out_kernel, dict(tiled, **solve, **kb), warps)]
                 rows[-4]["solver"] = rows[-2]["solver"] = solver
+                if solver == "blockwise":  # the L pass before solve.py
+                    rows.append(usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb, HAS_INV=False,
+                                                                         STORE_L=True), warps))
+                    rows[-1]["solver"] = "blockwise L"
         rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True), warps),
                  usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True), warps)]
     for row in rows:
@@ -180,6 +206,10 @@ def main():
     parser.add_argument("--precisions", default="ieee,tf32x3", help="comma-separated tl.dot input precisions")
     parser.add_argument("--ptxas", action="store_true",
                         help="no timing: compile every kernel for sm_90 (no GPU needed) and report registers/spills")
+    parser.add_argument("--newton", action="store_true", help="also time Newton over chunks (clip included)")
+    parser.add_argument("--profile", default="",
+                        help="comma-separated variants (e.g. seq,chunk64-blockwise-ieee) to break into CUDA kernels "
+                             "(torch.profiler, forward+backward) at every shape")
     args = parser.parse_args()
     if args.ptxas:
         rows = ptxas_report([int(c) for c in args.chunk_sizes.split(",")], args.solvers.split(","),
@@ -193,13 +223,15 @@ def main():
     dtype = getattr(torch, args.dtype)
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
     chunk_sizes = [16] if args.smoke else [int(c) for c in args.chunk_sizes.split(",")]
-    configs = variants(chunk_sizes, args.solvers.split(","), args.precisions.split(","))
+    configs = variants(chunk_sizes, args.solvers.split(","), args.precisions.split(","), args.newton)
     rows = [row for shape in shapes for row in bench_shape(shape, dtype, device, configs, cuda)]
+    profiles = [profile(shape, dtype, device, dict(configs)[name], name) for name in filter(None, args.profile.split(","))
+                for shape in shapes] if cuda else []
     result = dict(
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         device=torch.cuda.get_device_name() if cuda else f"cpu ({platform.processor() or platform.machine()}), interpreter",
         torch=torch.__version__, triton=triton.__version__, timer="do_bench median" if cuda else "perf_counter median",
-        rows=rows,
+        rows=rows, profiles=profiles,
     )
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:

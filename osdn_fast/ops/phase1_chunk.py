@@ -24,9 +24,13 @@ import triton.language as tl
 
 from osdn_ref import EPS
 
+from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .phase1_launch import block_k, seq_bounds
+from .solve import unit_lower_inverse
+from .tuning import TUNING
 
-SOLVERS = ("substitution", "doubling")  # how each chunk's (I + L)⁻¹ is formed (see _unit_lower_inverse)
+SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)⁻¹ is formed: _unit_lower_inverse
+# in the prep kernels, or (blockwise) L stored by `phase1_chunk_lower_kernel` and inverted by solve.py in 16×16 tiles
 
 
 @triton.jit
@@ -141,13 +145,14 @@ def _decay_lower(gram, c, g, g_incl, C: tl.constexpr):
 
 @triton.jit
 def phase1_chunk_prep_kernel(
-    k, beta, r, eta, chunk_seq, chunk_start, cu_seqlens, tq, u0,
+    k, beta, r, eta, chunk_seq, chunk_start, cu_seqlens, inv_in, tq, u0,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr,
+    KB: tl.constexpr, HAS_INV: tl.constexpr, STORE_L: tl.constexpr,
 ):
-    """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e."""
+    """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e. HAS_INV: P is read from `inv_in` (rows by token,
+    [ΣT, H, C]) instead of formed here; STORE_L: only L is formed, and stored there for solve.py."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -161,11 +166,19 @@ def phase1_chunk_prep_kernel(
         kb = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=valid[:, None] & (offs[None, :] < K),
                      other=0.0).to(tl.float32)
         ab = kb * kb
-        gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
+        if not HAS_INV:
+            gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
         a_sum += tl.sum(ab, axis=1)
     _, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
     rows = tl.arange(0, C)
-    inv = _unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC)
+    by_token = (t[:, None] * H + h) * C + rows[None, :]
+    if STORE_L:
+        tl.store(inv_in + by_token, _decay_lower(gram, c, g, g_incl, C), mask=valid[:, None])
+        return
+    if HAS_INV:
+        inv = tl.load(inv_in + by_token, mask=valid[:, None], other=0.0)
+    else:
+        inv = _unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC)
     x = inv * (c * tl.exp(g))[None, :]
     u = tl.sum(inv * e[None, :], axis=1)
     tl.store(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
@@ -242,14 +255,14 @@ def phase1_chunk_out_kernel(
 
 @triton.jit
 def phase1_chunk_bwd_prep_kernel(
-    k, beta, r, eta, gd_all, chunk_seq, chunk_start, cu_seqlens, tp, pg, hg,
+    k, beta, r, eta, gd_all, chunk_seq, chunk_start, cu_seqlens, inv_in, tp, pg, hg,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr,
+    KB: tl.constexpr, HAS_INV: tl.constexpr,
 ):
     """Per chunk: with P = (I + L)⁻¹, Tp = Pᵀ diag(e^{Γ − γ̄}), pᵍ = Pᵀ (Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩)_i and
-    hᵍ = Σ_j e^{γ_j} g_j."""
+    hᵍ = Σ_j e^{γ_j} g_j. HAS_INV: P is read from `inv_in` (rows by token), transposed by the load."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -268,7 +281,8 @@ def phase1_chunk_bwd_prep_kernel(
         kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
         gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
         ab = kb * kb
-        gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
+        if not HAS_INV:
+            gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
         a_gd += tl.dot(ab, tl.trans(gb), input_precision=PREC)
         a_sum += tl.sum(ab, axis=1)
         tl.store(hg + (ci * H + h) * K + offs, tl.sum(tl.exp(g)[:, None] * gb, axis=0), mask=offs < K)
@@ -278,9 +292,12 @@ def phase1_chunk_bwd_prep_kernel(
     q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
     rg = tl.sum(q * a_gd, axis=1)
     g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-    inv = _unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC)
-    x = tl.trans(inv * tl.exp(g_end - g_incl)[:, None])
-    rg = tl.sum(inv * rg[:, None], axis=0)
+    if HAS_INV:  # inv_t[j, i] = P_ij
+        inv_t = tl.load(inv_in + (t[None, :] * H + h) * C + rows[:, None], mask=valid[None, :], other=0.0)
+    else:
+        inv_t = tl.trans(_unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC))
+    x = inv_t * tl.exp(g_end - g_incl)[None, :]
+    rg = tl.sum(inv_t * rg[None, :], axis=1)
     tl.store(tp + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(pg + t * H + h, rg, mask=valid)
 
@@ -423,7 +440,26 @@ def _solver_flags(chunk_size: int, solver: str, precision: str) -> dict:
         raise ValueError(f"chunk_size must be a power of two >= 16, got {chunk_size}")
     if solver not in SOLVERS:
         raise ValueError(f"solver must be one of {SOLVERS}, got {solver!r}")
+    if solver == "blockwise" and chunk_size > 64:
+        raise ValueError(f"the blockwise solver takes chunk_size 16, 32 or 64, got {chunk_size}")
     return dict(LOG2_C=chunk_size.bit_length() - 1, DOUBLING=solver == "doubling", PREC=precision)
+
+
+def _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) -> torch.Tensor:
+    """Every chunk's P = (I + L)⁻¹ [B·T, H, C] float32, rows by token: L from the prep kernel (STORE_L), then
+    solve.py's 16×16 blockwise inverse, phase 2's (no C − 1 dependent full-tile steps per chunk)."""
+    k = prep[0]
+    K, BK = k.shape[3], flags["BK"]
+    L = torch.empty(B * T, H, C, dtype=torch.float32, device=k.device)
+    if cu_seqlens is None:
+        cu, (indices, _) = uniform_cu_seqlens(B, T, k.device), uniform_chunk_layout(B, T, C, k.device)
+    else:
+        cu, (indices, _) = cu_seqlens, chunk_layout(cu_seqlens, C)
+    phase1_chunk_prep_kernel[(indices.shape[0], H)](
+        *prep, L, L, L, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK), HAS_INV=False, STORE_L=True,
+        num_warps=_tile_warps(C, BK),
+    )
+    return unit_lower_inverse(L.view(1, B * T, H, C), cu, indices, torch.float32, **TUNING["solve"]).view(B * T, H, C)
 
 
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
@@ -448,9 +484,11 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
     solve = _solver_flags(C, solver, precision)
+    prep = (k, beta, r_, eta, seq, start, cu)
+    inv = _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) if solver == "blockwise" else k
     phase1_chunk_prep_kernel[(NC, H)](
-        k, beta, r_, eta, seq, start, cu, tq, u0, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK),
-        num_warps=_tile_warps(C, BK),
+        *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK),
+        HAS_INV=solver == "blockwise", STORE_L=False, num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_state_kernel[(N, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
@@ -491,9 +529,11 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
     gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
     solve = _solver_flags(C, solver, precision)
+    prep = (k, beta, r_, eta, seq, start, cu)
+    inv = _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) if solver == "blockwise" else k
     phase1_chunk_bwd_prep_kernel[(NC, H)](
-        k, beta, r_, eta, gd_all, seq, start, cu, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
-        KB=_k_block(C, BK), num_warps=_tile_warps(C, BK),
+        *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
+        KB=_k_block(C, BK), HAS_INV=solver == "blockwise", num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
