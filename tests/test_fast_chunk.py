@@ -16,6 +16,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import osdn_fast  # noqa: E402
+import osdn_fast.ops.chunk as chunk_ops  # noqa: E402
 import osdn_ref  # noqa: E402
 from strategies import make_tensors, problems  # noqa: E402
 
@@ -83,6 +84,37 @@ def test_matches_reference(p, chunk_size):
     """Forward and every gradient, over shapes (T = 1, < C, not a multiple of C), flags, gates, r, clip,
     initial states and η as a float or a per-head tensor."""
     compare(*as_tensors(p), chunk_size)
+
+
+@settings(max_examples=12)
+@given(p=problems(dtypes=(torch.float64,), T=st.sampled_from([1, 16, 33, 70, 130]), gates=("none", "gdn"),
+                  K=st.sampled_from([3, 16, 20]), V=st.sampled_from([2, 16])),
+       chunk_size=st.sampled_from([16, 64]))
+def test_matches_reference_with_chunked_phase1(p, chunk_size):
+    """The same with phase 1 chunk-parallel (chunk.phase1_form's choice from T = 4096 on, forced here): exact
+    where the clip stays idle, the sequential scan where it acts."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
+        compare(*as_tensors(p), chunk_size)
+
+
+@pytest.mark.parametrize("eta, r, expected", [(0.01, False, "chunked"), (2.0, False, "sequential"),
+                                              (0.01, True, "sequential")])
+def test_phase1_form_speculates_on_an_idle_clip(eta, r, expected, monkeypatch):
+    """With the clip [0.9, 1.1]: a small η keeps d inside (the chunk form stands), a large one pushes d out (the
+    sequential scan redoes it), and APF with a floor goes sequential without trying."""
+    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
+    _, (q, k, v, beta) = make_tensors(2, 2, 50, 2, 8, 8, torch.float32)
+    k, beta = k.to(DEVICE), beta.to(DEVICE)
+    rr = torch.full(beta.shape, 0.99, device=DEVICE) if r else None
+    eta_h = torch.full((2,), eta, device=DEVICE)
+    p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
+    form, d_all, d_final, kt = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    assert form == expected
+    ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=None if rr is None else rr.double(),
+                                       d_min=0.9, d_max=1.1)
+    osdn_ref.check("d_all", d_all, ref.d, FORWARD_TOL)
+    osdn_ref.check("k̃", kt, (ref.d * k.double()), FORWARD_TOL)
 
 
 @settings(max_examples=10)

@@ -19,6 +19,7 @@ from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
+from .phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -83,18 +84,49 @@ class ChunkOSDNPhase2(torch.autograd.Function):
                 None if S0 is None else dS0, None, None, None, None)
 
 
-class ChunkOSDN(torch.autograd.Function):
-    """The whole op: phase 1 (sequential scan, which also writes k̃ = d ⊙ k in k's dtype), then phase 2.
+PHASE1_CHUNKED_MIN_T = 4096  # mean sequence length from which phase 1 runs chunk-parallel (NOTES.md, version 5)
+PHASE1_CHUNKED = dict(chunk_size=64, solver="blockwise", precision="tf32")
 
-    Backward: phase 2's, then phase 1's reverse scan, which takes ∂k̃ (∂d_t += ∂k̃_t ⊙ k_t, ∂k_t += ∂k̃_t ⊙ d_t)
-    and adds phase 2's ∂k, ∂β, so that every gradient is summed in float32 and written once.
+
+def phase1_form(T_mean: float, r, d_min, d_max) -> str:
+    """"chunked" (phase1_chunk.py, speculating that the clip stays idle) or "sequential" (phase1.py). The chunk form
+    measured faster from T = 4096 on (H200, benchmarks/NOTES.md, version 5); with APF and a floor it is not tried:
+    the retention decays d onto d_min within a few hundred tokens, so the clip acts and the speculation fails."""
+    if T_mean < PHASE1_CHUNKED_MIN_T or (r is not None and d_min is not None):
+        return "sequential"
+    return "chunked"
+
+
+def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1):
+    """Phase 1's forward for ChunkOSDN: (form used, d_all, d_final, k̃). The chunk form runs without the clip; if
+    its d ever leaves [d_min, d_max] (one host synchronisation) the clip would have acted, and the sequential
+    scan runs instead."""
+    N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
+    if form == "chunked":
+        clipped = p1["d_min"] is not None or p1["d_max"] is not None
+        d_all, d_final, kt, outside = phase1_fwd_chunk(
+            k, beta, r, d0, eta, beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens,
+            store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None, **PHASE1_CHUNKED)
+        if not clipped or not outside.item():
+            return form, d_all, d_final, kt
+    d_all, d_final, kt = phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1)
+    return "sequential", d_all, d_final, kt
+
+
+class ChunkOSDN(torch.autograd.Function):
+    """The whole op: phase 1 (`phase1_fwd`, which also writes k̃ = d ⊙ k in k's dtype), then phase 2.
+
+    Backward: phase 2's, then phase 1's. The sequential reverse scan takes ∂k̃ (∂d_t += ∂k̃_t ⊙ k_t,
+    ∂k_t += ∂k̃_t ⊙ d_t) and adds phase 2's ∂k, ∂β, so that every gradient is summed in float32 and written once;
+    the chunk form's backward takes ∂d_t = ∂k̃_t ⊙ k_t and the sums are formed after it.
     Inputs [B, T, H, ·] (B = 1 with cu_seqlens); `eta` [H] float32; `p1` phase 1's options.
     """
 
     @staticmethod
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
         B, T = k.shape[:2]
-        d_all, d_final, kt = phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1)
+        ctx.p1_form, d_all, d_final, kt = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1)
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
         else:
@@ -114,9 +146,18 @@ class ChunkOSDN(torch.autograd.Function):
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
                                                        pk(do), dS_final, ctx.scale, ctx.chunk_size, layout)
-        dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
-            k, beta, r, eta, d_all, None, None if dd_final is None else dd_final.float().contiguous(),
-            cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2), **ctx.p1)
+        dd_final = None if dd_final is None else dd_final.float().contiguous()
+        if ctx.p1_form == "chunked":
+            dkt = dkt.view(k.shape)
+            dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
+                k, beta, r, eta, d_all, dkt * k, dd_final, beta_aware=ctx.p1["beta_aware"],
+                normalize=ctx.p1["normalize"], cu_seqlens=cu_seqlens, **PHASE1_CHUNKED)
+            dk = (dk + dkt * d_all + dk2.view(k.shape)).to(k.dtype)
+            dbeta = (dbeta + dbeta2.view(beta.shape)).to(beta.dtype)
+        else:
+            dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
+                k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),
+                **ctx.p1)
         shaped = lambda x, ref: None if x is None else x.reshape(ref.shape).to(ref.dtype)  # noqa: E731
         return (shaped(dq, q), dk, shaped(dv, v), dbeta, None if g is None else dg.reshape(g.shape),
                 None if r is None else dr.to(r.dtype), None if S0 is None else dS0,

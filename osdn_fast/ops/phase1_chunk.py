@@ -226,12 +226,13 @@ def phase1_chunk_state_kernel(
 
 @triton.jit
 def phase1_chunk_out_kernel(
-    k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all,
-    T, H, K,
+    k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all, kt_out, outside,
+    T, H, K, d_min, d_max,
     HAS_R: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr,
+    KB: tl.constexpr, STORE_KT: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr,
 ):
-    """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j, in blocks of KB channels."""
+    """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j, in blocks of KB channels. STORE_KT also
+    writes k̃ = d ⊙ k (k's dtype); HAS_MIN / HAS_MAX set `outside` to 1 if any d_t leaves [d_min, d_max]."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -251,6 +252,12 @@ def phase1_chunk_out_kernel(
         x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
         d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kb * kb, input_precision=PREC)
         tl.store(d_all + ptr, d, mask=m2)
+        if STORE_KT:
+            tl.store(kt_out + ptr, (d * kb).to(kt_out.dtype.element_ty), mask=m2)
+        if HAS_MIN:
+            tl.atomic_max(outside, tl.max(tl.max(tl.where(m2 & (d < d_min), 1, 0), axis=1), axis=0))
+        if HAS_MAX:
+            tl.atomic_max(outside, tl.max(tl.max(tl.where(m2 & (d > d_max), 1, 0), axis=1), axis=0))
 
 
 @triton.jit
@@ -463,8 +470,12 @@ def _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) -> tor
 
 
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
-                     chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee"):
-    """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32, d_final [N, H, K] float32)."""
+                     chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
+                     store_kt: bool = False, bounds: tuple | None = None):
+    """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32, d_final [N, H, K] float32), and with
+    `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
+    d_t or final d of the unclipped scan leaves bounds = (d_min, d_max), or None). When `outside` is 0 the clip
+    never acts, so the unclipped result is the clipped scan's exactly."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
     B, T, H, K = k.shape
@@ -494,11 +505,22 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
         T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, num_warps=_tile_warps(C, BK),
     )
+    lo, hi = bounds if bounds is not None else (None, None)
+    kt = torch.empty_like(k) if store_kt else None
+    outside = torch.zeros(1, dtype=torch.int32, device=k.device) if bounds is not None else None
     phase1_chunk_out_kernel[(NC, H)](
-        k, r_, seq, start, cu, u, x0, d_all, T, H, K, **flags, PREC=precision, KB=_k_block(C, BK),
+        k, r_, seq, start, cu, u, x0, d_all, kt if store_kt else d_all, outside if bounds is not None else u,
+        T, H, K, 0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi), **flags, PREC=precision,
+        KB=_k_block(C, BK), STORE_KT=store_kt, HAS_MIN=lo is not None, HAS_MAX=hi is not None,
         num_warps=_tile_warps(C, BK),
     )
-    return d_all, d_final
+    if not store_kt and bounds is None:
+        return d_all, d_final
+    if lo is not None:
+        outside |= (d_final < lo).any()
+    if hi is not None:
+        outside |= (d_final > hi).any()
+    return d_all, d_final, kt, outside
 
 
 def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
