@@ -38,7 +38,10 @@ SMOKE_SHAPES = [(1, 20, 1, 16), (2, 70, 2, 20)]
 SMOKE_VARLEN = [((0, 5, 40, 71), 2, 16)]
 SMOKE_TIMING_SHAPE = (1, 64, 2, 16)
 OPTIONS = dict(eta=0.5, d_min=2 / 3, d_max=1.5)  # a large η so that d moves; the authors' clip
-UNCLIPPED = dict(eta=0.5)  # the same without the clip (run in bfloat16); chunk_osdn's phase 1 is the sequential scan
+UNCLIPPED = dict(eta=0.5)  # the same without the clip (run in bfloat16)
+IDLE_CLIP = dict(eta=0.003, d_min=2 / 3, d_max=1.5)  # the authors' η: over these lengths d stays inside the clip
+# chunk_osdn's phase 1 is the sequential scan below a mean length of 4096 (all shapes above): the runs marked
+# "chunked" force the chunk form (chunk.PHASE1_CHUNKED_MIN_T = 1), unclipped and with the idle clip
 
 
 def kernel_digest() -> str:
@@ -85,9 +88,12 @@ def rel_rmse(a, e):
     return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
 
 
-def validate(shape, dtype, gate, cu, device, options):
+def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     import osdn_fast
+    import osdn_fast.ops.chunk as chunk_ops
     import osdn_ref
+
+    chunk_ops.PHASE1_CHUNKED_MIN_T = 1 if phase1 == "chunked" else 4096
 
     B, T, H, D = shape
     N = B if cu is None else len(cu) - 1
@@ -103,7 +109,7 @@ def validate(shape, dtype, gate, cu, device, options):
         err = rel_rmse(fast[name], expected)
         rows.append(dict(B=B, T=T, H=H, D=D, varlen=cu is not None, cu_seqlens=None if cu is None else list(cu),
                          dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none",
-                         clip="d_min" in options, name=name,
+                         clip="d_min" in options, eta=options["eta"], phase1=phase1, name=name,
                          kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold)))
     return rows
 
@@ -188,19 +194,22 @@ def main(argv=None):
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version(),
         interpreter=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke,
         thresholds=dict(output=OUTPUT_THRESHOLD, gradient=GRAD_THRESHOLD), options=OPTIONS, unclipped=UNCLIPPED,
+        idle_clip=IDLE_CLIP,
         kernel_digest=kernel_digest(), tuning=TUNING, complete=False, all_ok=None, rows=[], timings=[],
     )
-    runs = [(dtype, gate, OPTIONS) for dtype in (torch.bfloat16, torch.float16) for gate in (False, True)]
-    runs += [(torch.bfloat16, gate, UNCLIPPED) for gate in (False, True)]
-    for dtype, gate, options in runs:
+    runs = [(dtype, gate, OPTIONS, "auto") for dtype in (torch.bfloat16, torch.float16) for gate in (False, True)]
+    runs += [(torch.bfloat16, gate, UNCLIPPED, "auto") for gate in (False, True)]
+    runs += [(torch.bfloat16, gate, UNCLIPPED, "chunked") for gate in (False, True)]
+    runs += [(torch.bfloat16, False, IDLE_CLIP, "chunked"), (torch.float16, True, UNCLIPPED, "chunked")]
+    for dtype, gate, options, phase1 in runs:
         for shape, cu in cases:
             t = time.perf_counter()
-            new = validate(shape, dtype, gate, cu, device, options)
+            new = validate(shape, dtype, gate, cu, device, options, phase1)
             result["rows"] += new
             write(args.out, result)
             worst = max(new, key=lambda r: r["rel_rmse"] / r["threshold"])
             print(f"{str(shape):22s} varlen={cu is not None!s:5s} {str(dtype):15s} gate={int(gate)} "
-                  f"clip={int('d_min' in options)}  "
+                  f"clip={int('d_min' in options)} eta={options['eta']} phase1={phase1:7s}  "
                   f"worst {worst['name']:6s} {worst['rel_rmse']:.2e} (≤ {worst['threshold']})  "
                   f"{'ok' if all(r['ok'] for r in new) else 'FAIL'}  {time.perf_counter() - t:.1f}s",
                   flush=True)

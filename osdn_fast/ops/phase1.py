@@ -13,8 +13,9 @@ the reverse scan of the adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with
     ∂β_t = η p_t (1 − 2 b_t s_t) / n_t,  ∂r_t = ⟨λ̄_t, d_t⟩,  ∂η = Σ_t p_t b_t (1 − b_t s_t) / n_t
 
 `phase1_chunk` (no clip, WY form) and `phase1_parallel` (clip included, fixed point) compute the same scan
-chunk-parallel; `preconditioner_scan` runs them on request. chunk_osdn runs the sequential kernels here: on the
-H200 they measured faster than both (benchmarks/NOTES.md).
+chunk-parallel; `preconditioner_scan` runs them on request. chunk_osdn runs the sequential kernels here below a
+mean sequence length of 4096 and the unclipped chunk form above it, where the clip stays idle
+(`chunk.phase1_form`; H200 timings in benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
@@ -338,10 +339,10 @@ def preconditioner_scan(
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
-    with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. The default is the sequential scan, the form
-    chunk_osdn runs (on the H200 it measured faster than both others, benchmarks/NOTES.md). `chunked=True` takes
-    the unclipped chunk form (chunks of `chunk_size`, a power of two ≥ 16; `solver` "substitution" or "doubling"
-    forms each chunk's (I + L)⁻¹, `dot_precision` is tl.dot's input_precision), `parallel=True` the exact
+    with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. The default is the sequential scan. `chunked=True` takes
+    the unclipped chunk form (chunks of `chunk_size`, a power of two ≥ 16; `solver` "substitution", "doubling" or
+    "blockwise" forms each chunk's (I + L)⁻¹, `dot_precision` is tl.dot's input_precision; chunk_osdn runs it with
+    chunk.PHASE1_CHUNKED from a mean sequence length of 4096), `parallel=True` the exact
     chunk-parallel fixed point, clip included (phase1_parallel.py), `newton=True` the forward across chunks by
     Newton's method, clip included (phase1_newton.py; chunks of `chunk_size`, its backward the sequential
     reverse scan). Otherwise the backward takes the forward's form.
