@@ -3,9 +3,9 @@
 One run times, with CUDA events and medians (`triton.testing.do_bench`), forward and forward+backward of
 
 - `osdn_fast.chunk_osdn`: OSDN and OSDN-APF, with and without the GDN gate, with and without the clip;
-- its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan`, the sequential scan that chunk_osdn runs), to
-  report phase 1's share, and beside it the exact chunk-parallel form, the Newton form across chunks (its
-  backward is the sequential reverse scan) and the unclipped chunk form;
+- its phase 1 alone (`osdn_fast.ops.phase1.preconditioner_scan` in the form chunk_osdn runs at that shape,
+  `chunk.phase1_form`: the row's note says which), to report phase 1's share, and beside it the sequential scan,
+  the unclipped chunk form and the exact chunk-parallel form at every shape;
 - fla 0.6.0's `chunk_delta_rule` and `chunk_gated_delta_rule` (the named baselines; skipped, and said so, when
   fla is not importable);
 - `osdn_ref.chunk_osdn` (PyTorch; only at the smallest shapes: its phase 1 is a Python loop over tokens),
@@ -118,20 +118,32 @@ def min_bytes(B, T, H, D, bwd, elem=2):
     return B * T * H * per_token
 
 
+def phase1_form_used(x, eta, extra):
+    """The phase-1 form chunk_osdn runs on these inputs ("chunked" or "sequential", chunk.phase1_fwd's choice,
+    after the clip check)."""
+    from osdn_fast.ops.chunk import phase1_fwd
+
+    H = x["k"].shape[2]
+    p1 = dict(d_min=extra.get("d_min"), d_max=extra.get("d_max"), beta_aware=True, normalize=True)
+    with torch.no_grad():
+        return phase1_fwd(x["k"], x["beta"], x["r"], None, torch.full((H,), eta, device=x["k"].device), None, p1)[0]
+
+
 def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
     import osdn_fast
     import osdn_ref
+    from osdn_fast.ops.chunk import PHASE1_CHUNKED
     from osdn_fast.ops.phase1 import preconditioner_scan
 
     B, T, H, D = shape
     eta = 0.003
 
-    def run(name, kind, call, inputs, do, once=False):
+    def run(name, kind, call, inputs, do, once=False, note=None):
         grads = [x for x in inputs if x is not None and x.requires_grad]
         fwd = lambda: call()  # noqa: E731
         fwdbwd = lambda: call().backward(do)  # noqa: E731
         for mode, fn in (("fwd", fwd), ("fwdbwd", fwdbwd)):
-            note = "one call (wall clock, synchronized), not a median" if once else None
+            note = "one call (wall clock, synchronized), not a median" if once else note
             try:
                 with torch.no_grad() if mode == "fwd" else torch.enable_grad():
                     if once and not smoke:
@@ -157,18 +169,22 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
         run(name, "osdn_fast", call, leaves, do)
         if not sweep_only and name in ("osdn", "osdn_clip", "osdn_apf_clip"):
             k, beta = x["k"], x["beta"]
-            p1 = lambda k=k, beta=beta, r=x["r"], extra=extra: preconditioner_scan(  # noqa: E731
-                k, beta, eta=eta, r=r, **extra)[0]
-            run(f"phase1[{name}]", "phase1", p1, [k, beta], torch.ones(B, T, H, D, device=device))
-        if not sweep_only and name == "osdn_clip":  # the exact chunk-parallel form, for comparison
+            form = phase1_form_used(x, eta, extra)
+            scan = dict(chunked=True, dot_precision=PHASE1_CHUNKED["precision"], solver=PHASE1_CHUNKED["solver"],
+                        chunk_size=PHASE1_CHUNKED["chunk_size"]) if form == "chunked" else dict(extra)
+            p1 = lambda k=k, beta=beta, r=x["r"], scan=scan: preconditioner_scan(  # noqa: E731
+                k, beta, eta=eta, r=r, **scan)[0]
+            run(f"phase1[{name}]", "phase1", p1, [k, beta], torch.ones(B, T, H, D, device=device), note=form)
+        if not sweep_only and name == "osdn_clip":  # the other forms, for comparison
+            p1s = lambda k=k, beta=beta, extra=extra: preconditioner_scan(k, beta, eta=eta, **extra)[0]  # noqa: E731
+            run(f"phase1_seq[{name}]", "phase1", p1s, [k, beta], torch.ones(B, T, H, D, device=device))
             p1p = lambda k=k, beta=beta, extra=extra: preconditioner_scan(  # noqa: E731
                 k, beta, eta=eta, parallel=True, **extra)[0]
             run(f"phase1_parallel[{name}]", "phase1", p1p, [k, beta], torch.ones(B, T, H, D, device=device))
-            p1n = lambda k=k, beta=beta, extra=extra: preconditioner_scan(  # noqa: E731
-                k, beta, eta=eta, newton=True, **extra)[0]
-            run(f"phase1_newton[{name}]", "phase1", p1n, [k, beta], torch.ones(B, T, H, D, device=device))
-        if not sweep_only and name == "osdn":  # the chunk-parallel phase 1 (no clip), opt-in
-            p1c = lambda k=k, beta=beta: preconditioner_scan(k, beta, eta=eta, chunked=True)[0]  # noqa: E731
+        if not sweep_only and name == "osdn":  # the unclipped chunk form at every shape
+            p1c = lambda k=k, beta=beta: preconditioner_scan(  # noqa: E731
+                k, beta, eta=eta, chunked=True, dot_precision=PHASE1_CHUNKED["precision"],
+                solver=PHASE1_CHUNKED["solver"], chunk_size=PHASE1_CHUNKED["chunk_size"])[0]
             run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn" and T <= REF_MAX_T:
             call_ref = lambda x=x: osdn_ref.chunk_osdn(**x, eta=eta)[0]  # noqa: E731

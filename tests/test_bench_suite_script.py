@@ -22,7 +22,7 @@ def test_smoke_run_writes_every_row(tmp_path):
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     expected = set(bench.osdn_variants()) | {"phase1[osdn]", "phase1[osdn_clip]", "phase1[osdn_apf_clip]",
-                                       "phase1_parallel[osdn_clip]", "phase1_newton[osdn_clip]", "phase1_chunked[osdn]",
+                                       "phase1_parallel[osdn_clip]", "phase1_seq[osdn_clip]", "phase1_chunked[osdn]",
                                        "osdn_ref"}
     for name in expected:
         assert {(name, "fwd"), (name, "fwdbwd")} <= impls, name

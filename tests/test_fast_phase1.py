@@ -191,7 +191,9 @@ def test_chunked_matches_sequential_over_many_chunks(p, T, used):
     osdn_ref.check("d_all", chk_all, seq_all, FORWARD_TOL)
     osdn_ref.check("d_final", chk_final, seq_final, FORWARD_TOL)
     for name, g in seq_grads.items():
-        close(f"d{name}", chk_grads[name], g, GRAD_TOL[torch.float32])
+        # ∂η vanishes at the beta-free fixed point d = 1; what is left is the float32 round-off of 1 − ⟨d, k²⟩ summed
+        # over T tokens, which the two forms sum in different orders (up to 5e-6 at T = 90 on the H200)
+        close(f"d{name}", chk_grads[name], g, GRAD_TOL[torch.float32], floor=0.1 if name == "eta" else 1e-2)
 
 
 @pytest.mark.parametrize("solver", SOLVERS)
