@@ -168,7 +168,8 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
 
     BK = block_k(K)
     flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=False, BK=BK)
-    rows = [usage(seq.phase1_fwd_seq_kernel, dict(flags, HAS_D0=True, HAS_MIN=True, HAS_MAX=True, STORE_KT=True),
+    rows = [usage(seq.phase1_fwd_seq_kernel, dict(flags, HAS_D0=True, HAS_MIN=True, HAS_MAX=True, STORE_KT=True,
+                                                  HAS_GUARD=True),
                   seq._seq_warps(BK)),
             usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=False,
                                                   HAS_GD_FINAL=True, FUSED=True), seq._seq_warps(BK))]

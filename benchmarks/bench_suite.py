@@ -129,7 +129,7 @@ def phase1_form_used(x, eta, extra):
         return phase1_fwd(x["k"], x["beta"], x["r"], None, torch.full((H,), eta, device=x["k"].device), None, p1)[0]
 
 
-def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
+def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, variants=None):
     import osdn_fast
     import osdn_ref
     from osdn_fast.ops.chunk import PHASE1_CHUNKED
@@ -160,7 +160,7 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
                              peak_mib=mem))
             print(f"{rows[-1]['shape']:>16} {name:>20} {mode:>6} {ms:9.3f} ms", flush=True)
 
-    names = ["osdn_clip"] if sweep_only else list(osdn_variants())
+    names = ["osdn_clip"] if sweep_only else variants or list(osdn_variants())
     for name in names:
         gate, apf, extra = osdn_variants()[name]
         x, do = make_inputs(B, T, H, D, dtype, device, gate, apf)
@@ -197,7 +197,7 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False):
         x, do = make_inputs(B, T, H, D, dtype, device, gate=False, apf=False)
         leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "beta")]
         run("fla_delta_rule", "fla", lambda: chunk_delta_rule(x["q"], x["k"], x["v"], x["beta"])[0], leaves, do)
-        if not sweep_only:
+        if not sweep_only and variants is None:
             x, do = make_inputs(B, T, H, D, dtype, device, gate=True, apf=False)
             leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "beta")]
             run("fla_gated_delta_rule", "fla",
@@ -235,7 +235,12 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, one call each, no timing (CPU check)")
     ap.add_argument("--tuning", help="JSON {stage: launch settings} applied over osdn_fast.ops.tuning.TUNING")
+    ap.add_argument("--variants", help="comma-separated OSDN variants to time (default: all); fla's chunk_delta_rule "
+                                       "and the T sweep always run, fla's gated rule only with all variants")
     args = ap.parse_args(argv)
+    variants = args.variants.split(",") if args.variants else None
+    if variants and not set(variants) <= set(osdn_variants()):
+        ap.error(f"--variants: unknown {sorted(set(variants) - set(osdn_variants()))}")
     from osdn_fast.ops.tuning import TUNING
 
     if args.tuning:
@@ -263,14 +268,14 @@ def main(argv=None):
         fla=__import__("fla").__version__ if have_fla else None,
         dtype=str(dtype), copy_ceiling_gbs=copy_ceiling_gbs(device, args.smoke),
         timing="triton.testing.do_bench, median, warmup 25 ms, rep 100 ms (osdn_ref: one call per mode, T <= 4096)",
-        tuning=copy.deepcopy(TUNING),
+        tuning=copy.deepcopy(TUNING), variants=variants or list(osdn_variants()),
     )
     rows = []
     plan = [(shape, False) for shape in (SMOKE_SHAPES if args.smoke else SHAPES)]
     plan += [(shape, True) for shape in (SMOKE_SHAPES if args.smoke else T_SWEEP)]
     for i, (shape, sweep) in enumerate(plan):
         new = []
-        bench_shape(shape, dtype, device, args.smoke, have_fla, new, sweep_only=sweep)
+        bench_shape(shape, dtype, device, args.smoke, have_fla, new, sweep_only=sweep, variants=variants)
         for r in new:
             r["sweep"] = sweep
         rows += new

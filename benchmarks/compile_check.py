@@ -50,7 +50,8 @@ def jobs(K, V, chunk_size=64):
     p1_options = dict(num_warps=phase1._seq_warps(BK1))
     for full in (True, False):  # every option on (clip, APF, β-aware, packed), then the plainest form
         flags = dict(HAS_R=full, BETA_AWARE=full, NORMALIZE=True, HAS_MIN=full, HAS_MAX=full, IS_VARLEN=full, BK=BK1)
-        out.append((phase1.phase1_fwd_seq_kernel, dict(flags, HAS_D0=full, STORE_KT=True), (), p1_options))
+        out.append((phase1.phase1_fwd_seq_kernel, dict(flags, HAS_D0=full, STORE_KT=True, HAS_GUARD=full), (),
+                    p1_options))
         out.append((phase1.phase1_bwd_seq_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full, FUSED=full),
                     (), p1_options))
         out.append((phase1_parallel.phase1_fwd_parallel_kernel, dict(flags, HAS_D0=full, STORE_KT=True,
@@ -61,7 +62,28 @@ def jobs(K, V, chunk_size=64):
         out.append((phase1_newton.newton_chunk_kernel, dict(newton_flags, BT=chunk_size, STORE_KT=True), (),
                     dict(num_warps=4)))
     out.append((phase1_newton.newton_chain_kernel, dict(BK=BK1), (), dict(num_warps=4)))
+    out += chunked_phase1_jobs(BK1)
     return out
+
+
+def chunked_phase1_jobs(BK):
+    """The unclipped chunk form of phase 1 with chunk_osdn's settings (chunk.PHASE1_CHUNKED), every flag on."""
+    from osdn_fast.ops import phase1_chunk as chk
+    from osdn_fast.ops.chunk import PHASE1_CHUNKED
+
+    C = PHASE1_CHUNKED["chunk_size"]
+    solve = chk._solver_flags(C, PHASE1_CHUNKED["solver"], PHASE1_CHUNKED["precision"])
+    options = dict(num_warps=chk._tile_warps(C, BK))
+    flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=True, C=C, BK=BK)
+    tiled = dict(flags, **solve, KB=chk._k_block(C, BK))
+    return [(chk.phase1_chunk_prep_kernel, dict(tiled, HAS_INV=False, STORE_L=True), (), options),
+            (chk.phase1_chunk_prep_kernel, dict(tiled, HAS_INV=True, STORE_L=False), (), options),
+            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), options),
+            (chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"],
+                                               KB=tiled["KB"], STORE_KT=True, HAS_MIN=True, HAS_MAX=True), (), options),
+            (chk.phase1_chunk_bwd_prep_kernel, dict(tiled, HAS_INV=True), (), options),
+            (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), options),
+            (chk.phase1_chunk_bwd_out_kernel, tiled, (), options)]
 
 
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
@@ -80,7 +102,7 @@ def signature(kernel, constexprs, none_args, dtype):
             types[name] = "i32"
         elif name in ("scale", "eps", "d_min", "d_max"):
             types[name] = "fp32"
-        elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets"):
+        elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets", "chunk_seq", "chunk_start", "outside", "guard"):
             types[name] = "*i32"
         else:
             types[name] = f"*{dtype}" if name in INPUT_DTYPE else "*fp32"

@@ -98,19 +98,20 @@ def test_matches_reference_with_chunked_phase1(p, chunk_size):
         compare(*as_tensors(p), chunk_size)
 
 
-@pytest.mark.parametrize("eta, r, expected", [(0.01, False, "chunked"), (2.0, False, "sequential"),
-                                              (0.01, True, "sequential")])
-def test_phase1_form_speculates_on_an_idle_clip(eta, r, expected, monkeypatch):
+@pytest.mark.parametrize("eta, r, form, acted", [(0.01, False, "speculative", False), (2.0, False, "speculative", True),
+                                                 (0.01, True, "sequential", None)])
+def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch):
     """With the clip [0.9, 1.1]: a small η keeps d inside (the chunk form stands), a large one pushes d out (the
-    sequential scan redoes it), and APF with a floor goes sequential without trying."""
+    sequential scan, launched behind it, redoes it), and APF with a floor goes sequential without trying."""
     monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
     _, (q, k, v, beta) = make_tensors(2, 2, 50, 2, 8, 8, torch.float32)
     k, beta = k.to(DEVICE), beta.to(DEVICE)
     rr = torch.full(beta.shape, 0.99, device=DEVICE) if r else None
     eta_h = torch.full((2,), eta, device=DEVICE)
     p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
-    form, d_all, d_final, kt = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
-    assert form == expected
+    used, d_all, d_final, kt, outside = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    assert used == form
+    assert (outside is None) if acted is None else (chunk_ops.ClipFlag(outside).clip_acted() == acted)
     ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=None if rr is None else rr.double(),
                                        d_min=0.9, d_max=1.1)
     osdn_ref.check("d_all", d_all, ref.d, FORWARD_TOL)

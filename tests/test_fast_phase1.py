@@ -14,7 +14,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 import osdn_ref  # noqa: E402
-from osdn_fast.ops.phase1 import preconditioner_scan  # noqa: E402
+from osdn_fast.ops.phase1 import phase1_fwd_seq, preconditioner_scan  # noqa: E402
 from osdn_fast.ops.phase1_chunk import SOLVERS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -274,3 +274,18 @@ def test_chunked_refuses_the_clip():
     k = torch.randn(1, 4, 1, 4, device=DEVICE)
     with pytest.raises(ValueError, match="clip"):
         preconditioner_scan(k, torch.rand(1, 4, 1, device=DEVICE), eta=0.1, d_min=0.5, chunked=True)
+
+
+def test_guarded_scan_runs_only_if_flagged():
+    """`only_if` (chunk_osdn's redo of a failed speculation): a zero flag leaves `out` untouched, a nonzero one
+    writes exactly the unguarded scan's results there."""
+    k = torch.nn.functional.normalize(torch.randn(2, 9, 2, 7, device=DEVICE), dim=-1)
+    beta, eta = torch.rand(2, 9, 2, device=DEVICE), torch.full((2,), 0.7, device=DEVICE)
+    opts = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True, cu_seqlens=None, store_kt=True)
+    expected = phase1_fwd_seq(k, beta, None, None, eta, **opts)
+    for flag in (0, 3):
+        out = tuple(torch.full_like(x, float("nan")) for x in expected)
+        phase1_fwd_seq(k, beta, None, None, eta, **opts, out=out,
+                       only_if=torch.tensor([flag], dtype=torch.int32, device=DEVICE))
+        for got, want in zip(out, expected):
+            assert torch.isnan(got).all() if flag == 0 else torch.equal(got, want)

@@ -98,20 +98,43 @@ def phase1_form(T_mean: float, r, d_min, d_max) -> str:
 
 
 def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1):
-    """Phase 1's forward for ChunkOSDN: (form used, d_all, d_final, k̃). The chunk form runs without the clip; if
-    its d ever leaves [d_min, d_max] (one host synchronisation) the clip would have acted, and the sequential
-    scan runs instead."""
+    """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`). The chunk form runs without the
+    clip and flags (`outside`, int32 [1] on the device) any d that leaves [d_min, d_max]: the clip would have
+    acted there, so the sequential scan, launched behind it, then redoes the call in place; otherwise its programs
+    return at once. The host learns which happened only in the backward (`clip_acted`): no synchronisation here.
+    form: "sequential", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides)."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
-    if form == "chunked":
-        clipped = p1["d_min"] is not None or p1["d_max"] is not None
-        d_all, d_final, kt, outside = phase1_fwd_chunk(
-            k, beta, r, d0, eta, beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens,
-            store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None, **PHASE1_CHUNKED)
-        if not clipped or not outside.item():
-            return form, d_all, d_final, kt
-    d_all, d_final, kt = phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1)
-    return "sequential", d_all, d_final, kt
+    if form == "sequential":
+        return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1), None
+    clipped = p1["d_min"] is not None or p1["d_max"] is not None
+    d_all, d_final, kt, outside = phase1_fwd_chunk(
+        k, beta, r, d0, eta, beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens,
+        store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None, **PHASE1_CHUNKED)
+    if not clipped:
+        return form, d_all, d_final, kt, None
+    phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
+                   only_if=outside, **p1)
+    return "speculative", d_all, d_final, kt, outside
+
+
+class ClipFlag:
+    """`outside` copied to the host without blocking (pinned memory and an event on CUDA), read in the backward:
+    by then the copy is long done, and waiting on its event does not drain the stream."""
+
+    def __init__(self, outside: torch.Tensor):
+        if outside.is_cuda:
+            self.host = torch.empty(1, dtype=outside.dtype, pin_memory=True)
+            self.host.copy_(outside, non_blocking=True)
+            self.event = torch.cuda.Event()
+            self.event.record()
+        else:
+            self.host, self.event = outside.clone(), None
+
+    def clip_acted(self) -> bool:
+        if self.event is not None:
+            self.event.synchronize()
+        return bool(self.host[0])
 
 
 class ChunkOSDN(torch.autograd.Function):
@@ -126,7 +149,8 @@ class ChunkOSDN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
         B, T = k.shape[:2]
-        ctx.p1_form, d_all, d_final, kt = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1)
+        ctx.p1_form, d_all, d_final, kt, outside = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1)
+        ctx.p1_flag = ClipFlag(outside) if outside is not None else None
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
         else:
@@ -147,7 +171,10 @@ class ChunkOSDN(torch.autograd.Function):
         dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
                                                        pk(do), dS_final, ctx.scale, ctx.chunk_size, layout)
         dd_final = None if dd_final is None else dd_final.float().contiguous()
-        if ctx.p1_form == "chunked":
+        form = ctx.p1_form
+        if form == "speculative":
+            form = "sequential" if ctx.p1_flag.clip_acted() else "chunked"
+        if form == "chunked":
             dkt = dkt.view(k.shape)
             dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
                 k, beta, r, eta, d_all, dkt * k, dd_final, beta_aware=ctx.p1["beta_aware"],

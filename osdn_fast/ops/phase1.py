@@ -83,15 +83,19 @@ def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_m
 @triton.jit
 def phase1_fwd_seq_kernel(
     k, beta, r, d0, eta, d_all, d_final, kt_out, cu_seqlens,
-    T, H, K, eps, d_min, d_max,
+    T, H, K, eps, d_min, d_max, guard,
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
-    STORE_KT: tl.constexpr,
+    STORE_KT: tl.constexpr, HAS_GUARD: tl.constexpr,
 ):
     """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token, four tokens
     per loop iteration. Each token's inputs live in their own slot (1-4), reloaded with token t + 4 right after
     token t's step: a load has four steps to arrive, and no register is copied from slot to slot (a copy of a
-    pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype)."""
+    pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype).
+    HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero."""
+    if HAS_GUARD:
+        if tl.load(guard) == 0:
+            return
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -251,11 +255,14 @@ def _seq_warps(BK: int) -> int:
     return 1 if BK <= 128 else 2
 
 
-def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False):
+def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
+                   out=None, only_if=None):
     """Sequential forward: (d_all [B, T, H, K] float32, d_final [N, H, K] float32, k̃ = d ⊙ k in k's dtype or
-    None without `store_kt`)."""
+    None without `store_kt`), written into `out` = (d_all, d_final, k̃) if given. With `only_if` (an int32 [1] on
+    the device) the scan runs only if it is nonzero, decided on the device: no host synchronisation."""
     return launch_fwd(phase1_fwd_seq_kernel, k, beta, r, d0, eta, d_min=d_min, d_max=d_max, beta_aware=beta_aware,
-                      normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt,
+                      normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt, out=out,
+                      guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None,
                       num_warps=_seq_warps(block_k(k.shape[3])))
 
 
