@@ -73,6 +73,8 @@ def variants(chunk_sizes, solvers, precisions, newton=False):
     out = [("seq", dict(chunked=False)), ("seq+clip", dict(chunked=False, d_min=2 / 3, d_max=1.5))]
     if newton:
         out.append(("newton64+clip", dict(newton=True, chunk_size=64, d_min=2 / 3, d_max=1.5)))
+        out.append(("newton64-diag+clip", dict(newton=True, newton_jacobian="diagonal", chunk_size=64, d_min=2 / 3,
+                                               d_max=1.5)))
     for c in chunk_sizes:
         for solver in solvers:
             for prec in precisions:
@@ -184,8 +186,8 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
                          usage(chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=False, C=C, BK=BK, PREC=prec,
                                                                  **kb, STORE_KT=True, HAS_MIN=True, HAS_MAX=True),
                                warps),
-                         usage(chk.phase1_chunk_bwd_prep_kernel, dict(tiled, **solve, **kb, **inv), warps),
-                         usage(chk.phase1_chunk_bwd_out_kernel, dict(tiled, **solve, **kb), warps)]
+                         usage(chk.phase1_chunk_bwd_prep_kernel, dict(tiled, **solve, **kb, **inv, FUSED=True), warps),
+                         usage(chk.phase1_chunk_bwd_out_kernel, dict(tiled, **solve, **kb, FUSED=True), warps)]
                 rows[-4]["solver"] = rows[-2]["solver"] = solver
                 if solver == "blockwise":  # the L pass before solve.py
                     rows.append(usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb, HAS_INV=False,

@@ -59,9 +59,11 @@ def jobs(K, V, chunk_size=64):
         out.append((phase1_parallel.phase1_bwd_parallel_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full,
                                                                      FUSED=full, BT=chunk_size), (), dict(num_warps=4)))
         newton_flags = {n: v for n, v in flags.items() if n in phase1_newton.newton_chunk_kernel.arg_names}
-        out.append((phase1_newton.newton_chunk_kernel, dict(newton_flags, BT=chunk_size, STORE_KT=True), (),
-                    dict(num_warps=4)))
-    out.append((phase1_newton.newton_chain_kernel, dict(BK=BK1), (), dict(num_warps=4)))
+        out.append((phase1_newton.newton_chunk_kernel, dict(newton_flags, BT=chunk_size, STORE_KT=True,
+                                                            DIAGONAL=not full), (), dict(num_warps=4 if full else 1)))
+    for diagonal in (False, True):
+        out.append((phase1_newton.newton_chain_kernel, dict(BK=BK1, DIAGONAL=diagonal), (),
+                    dict(num_warps=1 if diagonal else 4)))
     out += chunked_phase1_jobs(BK1)
     return out
 
@@ -81,9 +83,9 @@ def chunked_phase1_jobs(BK):
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), options),
             (chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"],
                                                KB=tiled["KB"], STORE_KT=True, HAS_MIN=True, HAS_MAX=True), (), options),
-            (chk.phase1_chunk_bwd_prep_kernel, dict(tiled, HAS_INV=True), (), options),
+            (chk.phase1_chunk_bwd_prep_kernel, dict(tiled, HAS_INV=True, FUSED=True), (), options),
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), options),
-            (chk.phase1_chunk_bwd_out_kernel, tiled, (), options)]
+            (chk.phase1_chunk_bwd_out_kernel, dict(tiled, FUSED=True), (), options)]
 
 
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);

@@ -289,3 +289,26 @@ def test_guarded_scan_runs_only_if_flagged():
                        only_if=torch.tensor([flag], dtype=torch.int32, device=DEVICE))
         for got, want in zip(out, expected):
             assert torch.isnan(got).all() if flag == 0 else torch.equal(got, want)
+
+
+@pytest.mark.parametrize("beta_aware", [True, False])
+def test_fused_chunk_backward_sums_phase2_gradients(beta_aware):
+    """phase1_bwd_chunk with phase2_grads = (∂k̃, ∂k, ∂β) (chunk_osdn's backward) equals the plain backward fed
+    ∂d = ∂k̃ ⊙ k, plus ∂k̃ ⊙ d and phase 2's ∂k, ∂β, written in k's and β's dtypes."""
+    from osdn_fast.ops.phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
+
+    gen = torch.Generator().manual_seed(5)
+    B, T, H, K = 2, 70, 2, 12
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(DEVICE)
+    beta, r = torch.rand(B, T, H, generator=gen).to(DEVICE), (0.9 + 0.1 * torch.rand(B, T, H, generator=gen)).to(DEVICE)
+    eta = torch.full((H,), 0.4, device=DEVICE)
+    opts = dict(beta_aware=beta_aware, normalize=True, cu_seqlens=None, chunk_size=16, solver="blockwise")
+    d_all, _ = phase1_fwd_chunk(k, beta, r, None, eta, **opts)
+    dkt, dk2, db2 = (torch.randn(*s, generator=gen).to(DEVICE) for s in ((B, T, H, K), (B, T, H, K), (B, T, H)))
+    gd_final = torch.randn(B, H, K, generator=gen).to(DEVICE)
+    plain = phase1_bwd_chunk(k, beta, r, eta, d_all, dkt * k, gd_final, **opts)
+    fused = phase1_bwd_chunk(k, beta, r, eta, d_all, None, gd_final, phase2_grads=(dkt, dk2, db2), **opts)
+    torch.testing.assert_close(fused[0], plain[0] + dkt * d_all + dk2, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(fused[1], plain[1] + db2, rtol=1e-5, atol=1e-6)
+    for a, b in zip(fused[2:], plain[2:]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)

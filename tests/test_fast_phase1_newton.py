@@ -46,6 +46,21 @@ def test_newton_matches_the_sequential_scan_over_many_chunks():
         torch.testing.assert_close(a, b, rtol=0, atol=2e-6, msg=name)
 
 
+def test_diagonal_newton_matches_the_sequential_scan():
+    """The quasi-Newton form (the chunk Jacobian's diagonal Π keep_t r_t only) reaches the same fixed point, in more
+    rounds than Newton where the rank-one terms matter: here 12 without APF (Newton 6, chunks + 1 = 14 at most) and
+    6 with APF r ∈ [0.9, 1] (Newton 5), where a coordinate held by the clip forgets its start."""
+    opts = dict(d_min=LO, d_max=HI, beta_aware=True, normalize=True, cu_seqlens=None, store_kt=True)
+    for apf, most in ((False, 13), (True, 7)):
+        k, beta, r = inputs(1, 200, 2, 32, apf=apf, seed=0)
+        eta = torch.full((2,), 3.0, device=DEVICE)
+        seq = phase1_fwd_seq(k, beta, r, None, eta, **opts)
+        *new, rounds = phase1_fwd_newton(k, beta, r, None, eta, chunk_size=16, jacobian="diagonal", **opts)
+        assert 2 <= rounds <= most, (apf, rounds)
+        for name, a, b in zip(("d_all", "d_final", "kt"), new, seq):
+            torch.testing.assert_close(a, b, rtol=0, atol=2e-6, msg=f"{name}, apf={apf}")
+
+
 def test_newton_packed_sequences_with_d0_and_apf():
     k, beta, r = inputs(1, 108, 1, 16, apf=True, seed=1)
     cu = torch.tensor([0, 5, 75, 108], dtype=torch.int32, device=DEVICE)
@@ -69,7 +84,7 @@ def test_chunk_jacobian_matches_the_float64_study():
     indices, _ = uniform_chunk_layout(1, C, C, DEVICE)
     newton_chunk_kernel[(1, 1)](k, beta, beta, eta, guess, d_all, d_all, F, J, uniform_cu_seqlens(1, C, DEVICE), indices,
                                 1, K, EPS, LO, HI, HAS_R=False, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=True,
-                                HAS_MAX=True, BK=K, BT=C, STORE_KT=False)
+                                HAS_MAX=True, BK=K, BT=C, STORE_KT=False, DIAGONAL=False)
     a = (k[0, :, 0].double().cpu() ** 2)[None]
     n = a.sum(-1) + EPS
     _, f, J64 = study.run_chunks(guess[0].double().cpu(), a, beta[0, :, 0].double().cpu()[None],

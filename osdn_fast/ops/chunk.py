@@ -142,7 +142,7 @@ class ChunkOSDN(torch.autograd.Function):
 
     Backward: phase 2's, then phase 1's. The sequential reverse scan takes ∂k̃ (∂d_t += ∂k̃_t ⊙ k_t,
     ∂k_t += ∂k̃_t ⊙ d_t) and adds phase 2's ∂k, ∂β, so that every gradient is summed in float32 and written once;
-    the chunk form's backward takes ∂d_t = ∂k̃_t ⊙ k_t and the sums are formed after it.
+    the chunk form's backward does the same in its prep and output kernels.
     Inputs [B, T, H, ·] (B = 1 with cu_seqlens); `eta` [H] float32; `p1` phase 1's options.
     """
 
@@ -175,12 +175,10 @@ class ChunkOSDN(torch.autograd.Function):
         if form == "speculative":
             form = "sequential" if ctx.p1_flag.clip_acted() else "chunked"
         if form == "chunked":
-            dkt = dkt.view(k.shape)
             dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
-                k, beta, r, eta, d_all, dkt * k, dd_final, beta_aware=ctx.p1["beta_aware"],
-                normalize=ctx.p1["normalize"], cu_seqlens=cu_seqlens, **PHASE1_CHUNKED)
-            dk = (dk + dkt * d_all + dk2.view(k.shape)).to(k.dtype)
-            dbeta = (dbeta + dbeta2.view(beta.shape)).to(beta.dtype)
+                k, beta, r, eta, d_all, None, dd_final, beta_aware=ctx.p1["beta_aware"],
+                normalize=ctx.p1["normalize"], cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),
+                **PHASE1_CHUNKED)
         else:
             dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
                 k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),

@@ -342,6 +342,7 @@ def preconditioner_scan(
     chunk_size: int = 64,
     solver: str = "substitution",
     dot_precision: str = "ieee",
+    newton_jacobian: str = "dense",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
@@ -351,8 +352,8 @@ def preconditioner_scan(
     "blockwise" forms each chunk's (I + L)⁻¹, `dot_precision` is tl.dot's input_precision; chunk_osdn runs it with
     chunk.PHASE1_CHUNKED from a mean sequence length of 4096), `parallel=True` the exact
     chunk-parallel fixed point, clip included (phase1_parallel.py), `newton=True` the forward across chunks by
-    Newton's method, clip included (phase1_newton.py; chunks of `chunk_size`, its backward the sequential
-    reverse scan). Otherwise the backward takes the forward's form.
+    Newton's method, clip included (phase1_newton.py; chunks of `chunk_size`, `newton_jacobian` "dense" or
+    "diagonal", its backward the sequential reverse scan). Otherwise the backward takes the forward's form.
     Inputs are assumed validated.
     """
     H = k.shape[2]
@@ -365,7 +366,8 @@ def preconditioner_scan(
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
     form = "parallel" if parallel else "newton" if newton else "chunked" if chunked else "sequential"
     options = dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked else \
-        dict(chunk_size=chunk_size) if parallel or newton else {}
+        dict(chunk_size=chunk_size, jacobian=newton_jacobian) if newton else \
+        dict(chunk_size=chunk_size) if parallel else {}
     return Phase1Function.apply(
         k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
         beta_aware, normalize, contig(cu_seqlens), form, options,

@@ -266,10 +266,11 @@ def phase1_chunk_bwd_prep_kernel(
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr, HAS_INV: tl.constexpr,
+    KB: tl.constexpr, HAS_INV: tl.constexpr, FUSED: tl.constexpr,
 ):
     """Per chunk: with P = (I + L)⁻¹, Tp = Pᵀ diag(e^{Γ − γ̄}), pᵍ = Pᵀ (Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩)_i and
-    hᵍ = Σ_j e^{γ_j} g_j. HAS_INV: P is read from `inv_in` (rows by token), transposed by the load."""
+    hᵍ = Σ_j e^{γ_j} g_j. HAS_INV: P is read from `inv_in` (rows by token), transposed by the load. FUSED: `gd_all`
+    holds phase 2's ∂k̃, and the direct gradient of d is g = ∂k̃ ⊙ k, formed here."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -287,6 +288,8 @@ def phase1_chunk_bwd_prep_kernel(
         ptr = (t[:, None] * H + h) * K + offs[None, :]
         kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
         gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
+        if FUSED:
+            gb = gb * kb
         ab = kb * kb
         if not HAS_INV:
             gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
@@ -356,15 +359,16 @@ def phase1_chunk_bwd_state_kernel(
 @triton.jit
 def phase1_chunk_bwd_out_kernel(
     k, beta, r, eta, d_all, gd_all, chunk_seq, chunk_start, cu_seqlens, p, lam_end,
-    dk, dbeta, dr, deta,
+    dk, dbeta, dr, deta, dk_in, dbeta_in,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr,
+    KB: tl.constexpr, FUSED: tl.constexpr,
 ):
     """Per chunk: λ_{t+1} = e^{Γ − γ̄_i} λ_end + Σ_{j>i} e^{γ_j − γ̄_i} (g_j − c_j p_j a_j), then the local
     gradients of token t (module docstring of phase1). Two passes over blocks of KB channels: s_t and ‖k_t‖²,
-    then λ_{t+1} and ∂k_t."""
+    then λ_{t+1} and ∂k_t. FUSED (`gd_all` = phase 2's ∂k̃, as in the prep kernel): ∂k_t also gains ∂k̃_t ⊙ d_t and
+    phase 2's ∂k_t (`dk_in`), ∂β_t phase 2's (`dbeta_in`), and both are written once in the outputs' dtypes."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -397,16 +401,28 @@ def phase1_chunk_bwd_out_kernel(
         ab = kb * kb
         gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
         d = tl.load(d_all + ptr, mask=m2, other=0.0)
+        if FUSED:
+            dkt = gb
+            gb = gb * kb
         lam = tl.load(lam_end + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
         mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gb, input_precision=PREC) \
             - tl.dot(q * (c * pc)[None, :], ab, input_precision=PREC)
         da = w[:, None] * mu - (c * pc)[:, None] * d
         if NORMALIZE:
             da = da - (w * pc * nu)[:, None]
-        tl.store(dk + ptr, 2.0 * kb * da, mask=m2)
+        dk_t = 2.0 * kb * da
+        if FUSED:
+            dk_t += dkt * d + tl.load(dk_in + ptr, mask=m2, other=0.0)
+        tl.store(dk + ptr, dk_t.to(dk.dtype.element_ty), mask=m2)
         dr_acc += tl.sum(mu * d, axis=1)
     if BETA_AWARE:
-        tl.store(dbeta + t * H + h, pc * eta_h * (1.0 - 2.0 * b * s) * nu, mask=valid)
+        db = pc * eta_h * (1.0 - 2.0 * b * s) * nu
+    else:
+        db = tl.zeros([C], dtype=tl.float32)
+    if FUSED:
+        db += tl.load(dbeta_in + t * H + h, mask=valid, other=0.0)
+    if BETA_AWARE or FUSED:
+        tl.store(dbeta + t * H + h, db.to(dbeta.dtype.element_ty), mask=valid)
     if HAS_R:
         tl.store(dr + t * H + h, dr_acc, mask=valid)
     tl.store(deta + t * H + h, pc * b * (1.0 - b * s) * nu, mask=valid)
@@ -524,8 +540,11 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
 
 
 def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
-                     cu_seqlens, chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee"):
-    """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r)."""
+                     cu_seqlens, chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
+                     phase2_grads=None):
+    """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r). With
+    `phase2_grads` = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's sizes; `gd_all` must be None), the fused form
+    of phase1.phase1_bwd_seq: the direct gradient of d is ∂k̃ ⊙ k, and ∂k, ∂β are the totals in k's and β's dtypes."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
     B, T, H, K = k.shape
@@ -534,15 +553,23 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
     seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
     f32 = dict(dtype=torch.float32, device=k.device)
-    if gd_all is None:
+    fused = phase2_grads is not None
+    if fused:
+        if gd_all is not None:
+            raise ValueError("phase1_bwd_chunk: pass either gd_all or phase2_grads")
+        gd_all, dk_in, dbeta_in = phase2_grads
+    elif gd_all is None:
         gd_all = torch.zeros(B, T, H, K, **f32)
     tp = torch.empty(NC, H, C, C, **f32)
     pg = torch.empty(B, T, H, **f32)
     hg = torch.empty(NC, H, K, **f32)
     p = torch.empty(B, T, H, **f32)
     lam_end = torch.empty(NC, H, K, **f32)
-    dk = torch.empty(B, T, H, K, **f32)
-    dbeta = torch.empty(B, T, H, **f32) if beta_aware else torch.zeros(B, T, H, **f32)
+    dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
+    if fused:
+        dbeta = torch.empty_like(beta)
+    else:
+        dbeta = torch.empty(B, T, H, **f32) if beta_aware else torch.zeros(B, T, H, **f32)
     dr = torch.empty(B, T, H, **f32) if r is not None else None
     dd0 = torch.empty(N, H, K, **f32)
     deta = torch.empty(B, T, H, **f32)
@@ -555,7 +582,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     inv = _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) if solver == "blockwise" else k
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
-        KB=_k_block(C, BK), HAS_INV=solver == "blockwise", num_warps=_tile_warps(C, BK),
+        KB=_k_block(C, BK), HAS_INV=solver == "blockwise", FUSED=fused, num_warps=_tile_warps(C, BK),
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
@@ -563,6 +590,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
-        deta, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK), num_warps=_tile_warps(C, BK),
+        deta, dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS, **gains, **flags, **solve,
+        KB=_k_block(C, BK), FUSED=fused, num_warps=_tile_warps(C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)

@@ -32,10 +32,11 @@ def newton_chunk_kernel(
     k, beta, r, eta, guess, d_all, kt_out, F, J, cu_seqlens, chunk_indices,
     H, K, eps, d_min, d_max,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
-    HAS_MAX: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, STORE_KT: tl.constexpr,
+    HAS_MAX: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, STORE_KT: tl.constexpr, DIAGONAL: tl.constexpr,
 ):
     """Chunk i_t, head h, from d = guess[i_t, h]: stores d_t (and k̃_t) of its tokens, F = the d leaving it, and
-    J [K, K] = ∂F/∂guess (row: coordinate of F, column: coordinate of the guess)."""
+    J [K, K] = ∂F/∂guess (row: coordinate of F, column: coordinate of the guess), or with DIAGONAL only
+    J [K] = Π_t keep_t r_t, the Jacobian without its rank-one terms (O(K) per token instead of O(K²))."""
     i_t, h = tl.program_id(0), tl.program_id(1)
     i_n = tl.load(chunk_indices + i_t * 2)
     i_c = tl.load(chunk_indices + i_t * 2 + 1)
@@ -46,7 +47,10 @@ def newton_chunk_kernel(
     state = (i_t * H + h) * K + offs
     d = tl.load(guess + state, mask=mask, other=0.0)
     both = tl.maximum(offs[:, None], offs[None, :]) < K  # the [K, K] block of the [BK, BK] tile
-    jac = tl.where((offs[:, None] == offs[None, :]) & both, 1.0, 0.0)
+    if DIAGONAL:
+        jac = tl.where(mask, 1.0, 0.0)
+    else:
+        jac = tl.where((offs[:, None] == offs[None, :]) & both, 1.0, 0.0)
     eta_h = tl.load(eta + h).to(tl.float32)
     for t in range(t0, t1):
         kt, b, rt = _load_token(k, beta, r, t, t < t1, h, H, K, offs, HAS_R, BETA_AWARE)
@@ -69,17 +73,24 @@ def newton_chunk_kernel(
         if HAS_MAX:
             keep = keep & (z <= d_max)
             z = tl.minimum(z, d_max)
-        at_j = tl.sum(a[:, None] * jac, axis=0)  # aᵀJ
-        jac = tl.where(keep[:, None], rt * jac - c * a[:, None] * at_j[None, :], 0.0)
+        if DIAGONAL:
+            jac = tl.where(keep, rt * jac, 0.0)
+        else:
+            at_j = tl.sum(a[:, None] * jac, axis=0)  # aᵀJ
+            jac = tl.where(keep[:, None], rt * jac - c * a[:, None] * at_j[None, :], 0.0)
         d = z
     tl.store(F + state, d, mask=mask)
-    tl.store(J + (i_t * H + h) * K * K + offs[:, None] * K + offs[None, :], jac, mask=both)
+    if DIAGONAL:
+        tl.store(J + state, jac, mask=mask)
+    else:
+        tl.store(J + (i_t * H + h) * K * K + offs[:, None] * K + offs[None, :], jac, mask=both)
 
 
 @triton.jit
-def newton_chain_kernel(guess, F, J, new_guess, change, d0, d_final, chunk_offsets, H, K, BK: tl.constexpr):
-    """Sequence n, head h: g'_0 = d_0, g'_{c+1} = F_c + J_c (g'_c − g_c) over its chunks; stores g', the d leaving
-    the sequence, and max |g' − g| / max |g| over its chunks."""
+def newton_chain_kernel(guess, F, J, new_guess, change, d0, d_final, chunk_offsets, H, K, BK: tl.constexpr,
+                        DIAGONAL: tl.constexpr):
+    """Sequence n, head h: g'_0 = d_0, g'_{c+1} = F_c + J_c (g'_c − g_c) over its chunks (J_c a vector with
+    DIAGONAL); stores g', the d leaving the sequence, and max |g' − g| / max |g| over its chunks."""
     n, h = tl.program_id(0), tl.program_id(1)
     offs = tl.arange(0, BK)
     mask = offs < K
@@ -92,17 +103,29 @@ def newton_chain_kernel(guess, F, J, new_guess, change, d0, d_final, chunk_offse
         tl.store(new_guess + state, x, mask=mask)
         moved = tl.maximum(moved, tl.max(tl.abs(x - g), axis=0))
         size = tl.maximum(size, tl.max(tl.abs(g), axis=0))
-        jac = tl.load(J + (c * H + h) * K * K + offs[:, None] * K + offs[None, :],
-                      mask=tl.maximum(offs[:, None], offs[None, :]) < K, other=0.0)
-        x = tl.load(F + state, mask=mask, other=0.0) + tl.sum(jac * (x - g)[None, :], axis=1)
+        if DIAGONAL:
+            step = tl.load(J + state, mask=mask, other=0.0) * (x - g)
+        else:
+            jac = tl.load(J + (c * H + h) * K * K + offs[:, None] * K + offs[None, :],
+                          mask=tl.maximum(offs[:, None], offs[None, :]) < K, other=0.0)
+            step = tl.sum(jac * (x - g)[None, :], axis=1)
+        x = tl.load(F + state, mask=mask, other=0.0) + step
     tl.store(d_final + (n * H + h) * K + offs, x, mask=mask)
     tl.store(change + n * H + h, moved / tl.maximum(size, 1e-30))
 
 
+JACOBIANS = ("dense", "diagonal")
+
+
 def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
-                      chunk_size=64, tol=1e-6):
+                      chunk_size=64, tol=1e-6, jacobian="dense"):
     """The forward of phase1.phase1_fwd_seq (same arguments and results, plus the number of rounds), across
-    chunks by Newton's method. One host synchronisation per round (the convergence test)."""
+    chunks by Newton's method ("dense": the chunk Jacobian; "diagonal": its diagonal part Π keep_t r_t only, a
+    quasi-Newton method with the same fixed point, linear rather than quadratic convergence). One host
+    synchronisation per round (the convergence test)."""
+    if jacobian not in JACOBIANS:
+        raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
+    diagonal = jacobian == "diagonal"
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     if cu_seqlens is None:
@@ -116,7 +139,7 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
     start = d0.float().contiguous() if d0 is not None else torch.ones(N, H, K, **f32)
     guess = start[indices[:, 0].long()].contiguous()  # every chunk starts from its sequence's d_0
     new_guess, F = torch.empty_like(guess), torch.empty_like(guess)
-    J = torch.empty(NT, H, K, K, **f32)
+    J = torch.empty(NT, H, K, **f32) if diagonal else torch.empty(NT, H, K, K, **f32)
     d_all = torch.empty(B, T, H, K, **f32)
     d_final = torch.empty(N, H, K, **f32)
     change = torch.empty(N, H, **f32)
@@ -127,10 +150,10 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
         newton_chunk_kernel[(NT, H)](
             k, beta, r if r is not None else beta, eta, guess, d_all, kt if store_kt else d_all, F, J, cu, indices,
             H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-            BT=chunk_size, STORE_KT=store_kt, **flags, num_warps=4,
+            BT=chunk_size, STORE_KT=store_kt, DIAGONAL=diagonal, **flags, num_warps=1 if diagonal else 4,
         )
         newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, start, d_final, offsets, H, K, BK=BK,
-                                    num_warps=4)
+                                    DIAGONAL=diagonal, num_warps=1 if diagonal else 4)
         if change.max().item() <= tol:
             break
         guess, new_guess = new_guess, guess
