@@ -174,8 +174,13 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, v
         if not sweep_only and name in ("osdn", "osdn_clip", "osdn_apf_clip"):
             k, beta = x["k"], x["beta"]
             form = phase1_form_used(x, eta, extra)
-            scan = dict(chunked=True, dot_precision=PHASE1_CHUNKED["precision"], solver=PHASE1_CHUNKED["solver"],
-                        chunk_size=PHASE1_CHUNKED["chunk_size"]) if form == "chunked" else dict(extra)
+            if form == "chunked":
+                scan = dict(chunked=True, dot_precision=PHASE1_CHUNKED["precision"], solver=PHASE1_CHUNKED["solver"],
+                            chunk_size=PHASE1_CHUNKED["chunk_size"])
+            elif form == "newton":  # rounds to convergence (host-synchronised), where chunk_osdn runs a fixed number
+                scan = dict(extra, newton=True, newton_jacobian="diagonal", chunk_size=64)
+            else:
+                scan = dict(extra)
             p1 = lambda k=k, beta=beta, r=x["r"], scan=scan: preconditioner_scan(  # noqa: E731
                 k, beta, eta=eta, r=r, **scan)[0]
             run(f"phase1[{name}]", "phase1", p1, [k, beta], torch.ones(B, T, H, D, device=device), note=form)

@@ -60,7 +60,7 @@ def jobs(K, V, chunk_size=64):
                                                                      FUSED=full, BT=chunk_size), (), dict(num_warps=4)))
         newton_flags = {n: v for n, v in flags.items() if n in phase1_newton.newton_chunk_kernel.arg_names}
         out.append((phase1_newton.newton_chunk_kernel, dict(newton_flags, BT=chunk_size, STORE_KT=True,
-                                                            DIAGONAL=not full), (), dict(num_warps=4 if full else 1)))
+                                                            DIAGONAL=full), (), dict(num_warps=1 if full else 4)))
     for diagonal in (False, True):
         out.append((phase1_newton.newton_chain_kernel, dict(BK=BK1, DIAGONAL=diagonal), (),
                     dict(num_warps=1 if diagonal else 4)))

@@ -99,10 +99,11 @@ def test_matches_reference_with_chunked_phase1(p, chunk_size):
 
 
 @pytest.mark.parametrize("eta, r, form, acted", [(0.01, False, "speculative", False), (2.0, False, "speculative", True),
-                                                 (0.01, True, "sequential", None)])
+                                                 (0.01, True, "newton", None), (2.0, True, "newton", None)])
 def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch):
     """With the clip [0.9, 1.1]: a small η keeps d inside (the chunk form stands), a large one pushes d out (the
-    sequential scan, launched behind it, redoes it), and APF with a floor goes sequential without trying."""
+    sequential scan, launched behind it, redoes it), and APF with a floor runs the quasi-Newton rounds (the guarded
+    scan behind them if they did not converge)."""
     monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
     _, (q, k, v, beta) = make_tensors(2, 2, 50, 2, 8, 8, torch.float32)
     k, beta = k.to(DEVICE), beta.to(DEVICE)
@@ -116,6 +117,27 @@ def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch
                                        d_min=0.9, d_max=1.1)
     osdn_ref.check("d_all", d_all, ref.d, FORWARD_TOL)
     osdn_ref.check("k̃", kt, (ref.d * k.double()), FORWARD_TOL)
+
+
+@pytest.mark.parametrize("rounds", [1, 8])
+def test_newton_phase1_redone_when_unconverged(rounds, monkeypatch):
+    """APF with a floor, forced onto the quasi-Newton form over chunks of 64 (three chunks here): one round cannot
+    converge, so the guarded scan must redo the call; eight do. Either way d and k̃ are the clipped scan's."""
+    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
+    monkeypatch.setitem(chunk_ops.PHASE1_NEWTON, "fixed_rounds", rounds)
+    _, (q, k, v, beta) = make_tensors(4, 1, 150, 2, 8, 8, torch.float32)
+    k, beta = k.to(DEVICE), beta.to(DEVICE)
+    rr = 0.9 + 0.1 * torch.rand(beta.shape, generator=torch.Generator().manual_seed(5))
+    eta_h = torch.full((2,), 2.0, device=DEVICE)
+    p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
+    _, d_all, d_final, kt, _ = chunk_ops.phase1_fwd(k, beta, rr.to(DEVICE), None, eta_h, None, p1)
+    *_, unconverged = chunk_ops.phase1_fwd_newton(k, beta, rr.to(DEVICE), None, eta_h, cu_seqlens=None, **p1,
+                                                  **chunk_ops.PHASE1_NEWTON)
+    assert int(unconverged) == (rounds == 1)
+    ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=2.0, r=rr.double(), d_min=0.9, d_max=1.1)
+    osdn_ref.check("d_all", d_all, ref.d, FORWARD_TOL)
+    osdn_ref.check("d_final", d_final, ref.d_final, FORWARD_TOL)
+    osdn_ref.check("k̃", kt, ref.d * k.double(), FORWARD_TOL)
 
 
 @settings(max_examples=10)

@@ -20,6 +20,7 @@ from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
 from .phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
+from .phase1_newton import phase1_fwd_newton
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -86,27 +87,38 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
 PHASE1_CHUNKED_MIN_T = 4096  # mean sequence length from which phase 1 runs chunk-parallel (NOTES.md, version 5)
 PHASE1_CHUNKED = dict(chunk_size=64, solver="blockwise", precision="tf32")
+PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=4)
 
 
 def phase1_form(T_mean: float, r, d_min, d_max) -> str:
-    """"chunked" (phase1_chunk.py, speculating that the clip stays idle) or "sequential" (phase1.py). The chunk form
-    measured faster from T = 4096 on (H200, benchmarks/NOTES.md, version 5); with APF and a floor it is not tried:
-    the retention decays d onto d_min within a few hundred tokens, so the clip acts and the speculation fails."""
-    if T_mean < PHASE1_CHUNKED_MIN_T or (r is not None and d_min is not None):
+    """"chunked" (phase1_chunk.py, speculating that the clip stays idle), "newton" (phase1_newton.py, quasi-Newton
+    over chunks, for APF with a floor) or "sequential" (phase1.py). The chunk form measured faster from T = 4096 on
+    (H200, benchmarks/NOTES.md, version 5). With APF and a floor the retention decays d onto d_min within a few
+    hundred tokens, so the clip acts and the chunk form's speculation would fail; a held coordinate forgets its
+    start, which is what makes the diagonal quasi-Newton converge in few rounds there."""
+    if T_mean < PHASE1_CHUNKED_MIN_T:
         return "sequential"
-    return "chunked"
+    return "newton" if r is not None and d_min is not None else "chunked"
 
 
 def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1):
-    """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`). The chunk form runs without the
+    """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`). "newton" runs a fixed number of
+    quasi-Newton rounds across chunks, then the sequential scan behind them, guarded to run only if they did not
+    converge; its backward is the sequential reverse scan (exact given the stored d). The chunk form runs without the
     clip and flags (`outside`, int32 [1] on the device) any d that leaves [d_min, d_max]: the clip would have
     acted there, so the sequential scan, launched behind it, then redoes the call in place; otherwise its programs
     return at once. The host learns which happened only in the backward (`clip_acted`): no synchronisation here.
-    form: "sequential", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides)."""
+    form: "sequential", "newton", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides)."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
     if form == "sequential":
         return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1), None
+    if form == "newton":  # PHASE1_NEWTON's rounds without a host synchronisation; the guarded scan if unconverged
+        d_all, d_final, kt, unconverged = phase1_fwd_newton(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,
+                                                            **p1, **PHASE1_NEWTON)
+        phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
+                       only_if=unconverged, **p1)
+        return form, d_all, d_final, kt, None
     clipped = p1["d_min"] is not None or p1["d_max"] is not None
     d_all, d_final, kt, outside = phase1_fwd_chunk(
         k, beta, r, d0, eta, beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens,

@@ -118,11 +118,14 @@ JACOBIANS = ("dense", "diagonal")
 
 
 def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
-                      chunk_size=64, tol=1e-6, jacobian="dense"):
-    """The forward of phase1.phase1_fwd_seq (same arguments and results, plus the number of rounds), across
-    chunks by Newton's method ("dense": the chunk Jacobian; "diagonal": its diagonal part Π keep_t r_t only, a
-    quasi-Newton method with the same fixed point, linear rather than quadratic convergence). One host
-    synchronisation per round (the convergence test)."""
+                      chunk_size=64, tol=1e-6, jacobian="dense", fixed_rounds=None):
+    """The forward of phase1.phase1_fwd_seq (same arguments and results, plus a fourth), across chunks by Newton's
+    method ("dense": the chunk Jacobian; "diagonal": its diagonal part Π keep_t r_t only, a quasi-Newton method
+    with the same fixed point, linear rather than quadratic convergence). Without `fixed_rounds`: rounds until no
+    chunk start moves (to `tol`), one host synchronisation per round, and the fourth result is the number of rounds.
+    With `fixed_rounds` = m: exactly m rounds and no synchronisation; the fourth result is then an int32 [1] on the
+    device, 1 if the last round still moved a start (the results are then not the scan's: phase1_fwd_seq's
+    `only_if` can redo them)."""
     if jacobian not in JACOBIANS:
         raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
     diagonal = jacobian == "diagonal"
@@ -133,7 +136,7 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
         most = -(-T // chunk_size)
     else:
         cu, (indices, offsets) = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
-        most = int((offsets[1:] - offsets[:-1]).max())
+        most = int((offsets[1:] - offsets[:-1]).max()) if fixed_rounds is None else 0
     NT, BK = indices.shape[0], block_k(K)
     f32 = dict(dtype=torch.float32, device=k.device)
     start = d0.float().contiguous() if d0 is not None else torch.ones(N, H, K, **f32)
@@ -146,7 +149,7 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
     kt = torch.empty_like(k) if store_kt else None
     flags = dict(HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
                  HAS_MAX=d_max is not None, BK=BK)
-    for rounds in range(1, most + 2):
+    for rounds in range(1, (fixed_rounds or most + 1) + 1):
         newton_chunk_kernel[(NT, H)](
             k, beta, r if r is not None else beta, eta, guess, d_all, kt if store_kt else d_all, F, J, cu, indices,
             H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
@@ -154,7 +157,9 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
         )
         newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, start, d_final, offsets, H, K, BK=BK,
                                     DIAGONAL=diagonal, num_warps=1 if diagonal else 4)
-        if change.max().item() <= tol:
+        if fixed_rounds is None and change.max().item() <= tol:
             break
         guess, new_guess = new_guess, guess
+    if fixed_rounds is not None:
+        return d_all, d_final, kt, (change.max() > tol).to(torch.int32).reshape(1)
     return d_all, d_final, kt, rounds
