@@ -40,6 +40,7 @@ SMOKE_TIMING_SHAPE = (1, 64, 2, 16)
 OPTIONS = dict(eta=0.5, d_min=2 / 3, d_max=1.5)  # a large η so that d moves; the authors' clip
 UNCLIPPED = dict(eta=0.5)  # the same without the clip (run in bfloat16)
 IDLE_CLIP = dict(eta=0.003, d_min=2 / 3, d_max=1.5)  # the authors' η: over these lengths d stays inside the clip
+APF_CLIP = dict(OPTIONS, apf=True)  # OSDN-APF with the clip: the floor binds (chunk_osdn's quasi-Newton form)
 # chunk_osdn's phase 1 is the sequential scan below a mean length of 4096 (all shapes above): the runs marked
 # "chunked" force the chunk form (chunk.PHASE1_CHUNKED_MIN_T = 1), unclipped and with the idle clip
 
@@ -55,8 +56,9 @@ def kernel_digest() -> str:
     return h.hexdigest()
 
 
-def make_case(B, T, H, D, dtype, gate, N, device, seed=0):
-    """Inputs (in `dtype`, states float32) and float64 cotangents for (o, S, d), fla-style value ranges."""
+def make_case(B, T, H, D, dtype, gate, N, device, seed=0, apf=False):
+    """Inputs (in `dtype`, states and the APF retention r ∈ [0.9, 1] float32) and float64 cotangents for (o, S, d),
+    fla-style value ranges."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     x = dict(q=rnd(B, T, H, D), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, D),
@@ -65,6 +67,7 @@ def make_case(B, T, H, D, dtype, gate, N, device, seed=0):
     x = {n: None if t is None else t.to(device, dtype) for n, t in x.items()}
     x["S0"] = rnd(N, H, D, D).to(device)
     x["d0"] = (0.8 + 0.4 * torch.rand(N, H, D, generator=gen)).to(device)
+    x["r"] = (0.9 + 0.1 * torch.rand(B, T, H, generator=gen)).to(device) if apf else None
     cot = [rnd(B, T, H, D), rnd(N, H, D, D), rnd(N, H, D)]
     return x, [c.to(device, torch.float64) for c in cot]
 
@@ -72,7 +75,7 @@ def make_case(B, T, H, D, dtype, gate, N, device, seed=0):
 def run(op, x, cot, cu_seqlens, options):
     """Forward, then the backward of Σ o·do + Σ S·dS + Σ d·dd; returns {name: result or gradient}."""
     leaves = {n: None if t is None else t.detach().clone().requires_grad_() for n, t in x.items()}
-    o, (S, d) = op(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], g=leaves["g"],
+    o, (S, d) = op(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], g=leaves["g"], r=leaves["r"],
                    initial_state=(leaves["S0"], leaves["d0"]), output_final_state=True, cu_seqlens=cu_seqlens,
                    **options)
     ((o.double() * cot[0]).sum() + (S.double() * cot[1]).sum() + (d.double() * cot[2]).sum()).backward()
@@ -97,7 +100,9 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
 
     B, T, H, D = shape
     N = B if cu is None else len(cu) - 1
-    x, cot = make_case(B, T, H, D, dtype, gate, N, device)
+    options = dict(options)
+    apf = options.pop("apf", False)
+    x, cot = make_case(B, T, H, D, dtype, gate, N, device, apf=apf)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
     fast = run(osdn_fast.chunk_osdn, x, cot, cu_t, options)
     ref = run(osdn_ref.chunk_osdn, {n: None if t is None else t.double() for n, t in x.items()}, cot,
@@ -109,7 +114,7 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
         err = rel_rmse(fast[name], expected)
         rows.append(dict(B=B, T=T, H=H, D=D, varlen=cu is not None, cu_seqlens=None if cu is None else list(cu),
                          dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none",
-                         clip="d_min" in options, eta=options["eta"], phase1=phase1, name=name,
+                         clip="d_min" in options, eta=options["eta"], apf=apf, phase1=phase1, name=name,
                          kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold)))
     return rows
 
@@ -201,6 +206,7 @@ def main(argv=None):
     runs += [(torch.bfloat16, gate, UNCLIPPED, "auto") for gate in (False, True)]
     runs += [(torch.bfloat16, gate, UNCLIPPED, "chunked") for gate in (False, True)]
     runs += [(torch.bfloat16, False, IDLE_CLIP, "chunked"), (torch.float16, True, UNCLIPPED, "chunked")]
+    runs += [(torch.bfloat16, False, APF_CLIP, "auto"), (torch.bfloat16, True, APF_CLIP, "chunked")]
     for dtype, gate, options, phase1 in runs:
         for shape, cu in cases:
             t = time.perf_counter()
@@ -209,7 +215,7 @@ def main(argv=None):
             write(args.out, result)
             worst = max(new, key=lambda r: r["rel_rmse"] / r["threshold"])
             print(f"{str(shape):22s} varlen={cu is not None!s:5s} {str(dtype):15s} gate={int(gate)} "
-                  f"clip={int('d_min' in options)} eta={options['eta']} phase1={phase1:7s}  "
+                  f"clip={int('d_min' in options)} apf={int(options.get('apf', False))} eta={options['eta']} phase1={phase1:7s}  "
                   f"worst {worst['name']:6s} {worst['rel_rmse']:.2e} (≤ {worst['threshold']})  "
                   f"{'ok' if all(r['ok'] for r in new) else 'FAIL'}  {time.perf_counter() - t:.1f}s",
                   flush=True)
