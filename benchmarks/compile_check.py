@@ -52,8 +52,8 @@ def jobs(K, V, chunk_size=64):
         flags = dict(HAS_R=full, BETA_AWARE=full, NORMALIZE=True, HAS_MIN=full, HAS_MAX=full, IS_VARLEN=full, BK=BK1)
         out.append((phase1.phase1_fwd_seq_kernel, dict(flags, HAS_D0=full, STORE_KT=True, HAS_GUARD=full), (),
                     p1_options))
-        out.append((phase1.phase1_bwd_seq_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full, FUSED=full),
-                    (), p1_options))
+        out.append((phase1.phase1_bwd_seq_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full, FUSED=full,
+                                                        HAS_GUARD=full), (), p1_options))
         out.append((phase1_parallel.phase1_fwd_parallel_kernel, dict(flags, HAS_D0=full, STORE_KT=True,
                                                                      BT=chunk_size), (), dict(num_warps=4)))
         out.append((phase1_parallel.phase1_bwd_parallel_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full,
@@ -61,9 +61,11 @@ def jobs(K, V, chunk_size=64):
         newton_flags = {n: v for n, v in flags.items() if n in phase1_newton.newton_chunk_kernel.arg_names}
         out.append((phase1_newton.newton_chunk_kernel, dict(newton_flags, BT=chunk_size, STORE_KT=True,
                                                             DIAGONAL=full), (), dict(num_warps=1 if full else 4)))
-    for diagonal in (False, True):
-        out.append((phase1_newton.newton_chain_kernel, dict(BK=BK1, DIAGONAL=diagonal), (),
-                    dict(num_warps=1 if diagonal else 4)))
+    for diagonal, reverse in ((False, False), (True, False), (True, True)):
+        out.append((phase1_newton.newton_chain_kernel, dict(BK=BK1, DIAGONAL=diagonal, REVERSE=reverse,
+                                                            HAS_D0=not reverse), (), dict(num_warps=1 if diagonal else 4)))
+    bwd_flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=True, HAS_MAX=True, BK=BK1, BT=chunk_size)
+    out.append((phase1_newton.newton_bwd_chunk_kernel, bwd_flags, (), dict(num_warps=1)))
     out += chunked_phase1_jobs(BK1)
     return out
 

@@ -140,6 +140,19 @@ def test_newton_phase1_redone_when_unconverged(rounds, monkeypatch):
     osdn_ref.check("k̃", kt, ref.d * k.double(), FORWARD_TOL)
 
 
+@pytest.mark.parametrize("rounds", [1, 8])
+def test_newton_phase1_forward_and_backward(rounds, monkeypatch):
+    """The whole op with APF and a floor on the quasi-Newton form (forced): with one round neither pass converges
+    and the guarded scans redo both, with eight they converge; every result and gradient against float64."""
+    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
+    monkeypatch.setitem(chunk_ops.PHASE1_NEWTON, "fixed_rounds", rounds)
+    gen, (q, k, v, beta) = make_tensors(9, 2, 140, 2, 8, 8, torch.float64)
+    tensors = dict(q=q, k=k, v=v, beta=beta, eta=torch.tensor([2.0, 0.5], dtype=torch.float64), g=None,
+                   r=0.5 + 0.5 * torch.rand(2, 140, 2, generator=gen, dtype=torch.float64),
+                   S0=None, d0=0.5 + torch.rand(2, 2, 8, generator=gen, dtype=torch.float64))
+    compare(tensors, dict(d_min=0.6, d_max=1.5), 64)
+
+
 @settings(max_examples=10)
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4), gate=st.booleans(), states=st.booleans(),
        K=st.sampled_from([4, 16, 20]), V=st.sampled_from([3, 16]), seed=st.integers(0, 2**31 - 1))

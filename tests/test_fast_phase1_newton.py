@@ -11,8 +11,8 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from osdn_fast.ops.index import uniform_chunk_layout, uniform_cu_seqlens  # noqa: E402
-from osdn_fast.ops.phase1 import phase1_fwd_seq  # noqa: E402
-from osdn_fast.ops.phase1_newton import newton_chunk_kernel, phase1_fwd_newton  # noqa: E402
+from osdn_fast.ops.phase1 import phase1_bwd_seq, phase1_fwd_seq  # noqa: E402
+from osdn_fast.ops.phase1_newton import newton_chunk_kernel, phase1_bwd_newton, phase1_fwd_newton  # noqa: E402
 from osdn_ref.preconditioner import EPS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -92,3 +92,23 @@ def test_chunk_jacobian_matches_the_float64_study():
     assert ((f > LO) & (f < HI)).any() and ((f <= LO) | (f >= HI)).any()
     torch.testing.assert_close(F[0].double().cpu(), f, rtol=0, atol=1e-5)
     torch.testing.assert_close(J[0, 0].double().cpu(), J64[0], rtol=0, atol=1e-5)
+
+
+def test_reverse_quasi_newton_matches_the_reverse_scan():
+    """The backward across chunks (fused with phase 2's gradients, clip and APF, packed sequences with a one-token
+    one): every gradient equals the sequential reverse scan's once the rounds converge."""
+    k, beta, r = inputs(1, 150, 2, 16, apf=True, seed=6)
+    cu = torch.tensor([0, 1, 90, 150], dtype=torch.int32, device=DEVICE)
+    eta = torch.full((2,), 3.0, device=DEVICE)
+    opts = dict(d_min=LO, d_max=HI, beta_aware=True, normalize=True, cu_seqlens=cu)
+    d_all, _, _ = phase1_fwd_seq(k, beta, r, None, eta, **opts)
+    gen = torch.Generator().manual_seed(7)
+    grads2 = tuple(torch.randn(*s, generator=gen).to(DEVICE) for s in ((1, 150, 2, 16), (1, 150, 2, 16), (1, 150, 2)))
+    gd_final = torch.randn(3, 2, 16, generator=gen).to(DEVICE)
+    seq = phase1_bwd_seq(k, beta, r, eta, d_all, None, gd_final, phase2_grads=grads2, **opts)
+    *new, rounds = phase1_bwd_newton(k, beta, r, eta, d_all, gd_final, phase2_grads=grads2, chunk_size=16, **opts)
+    assert 2 <= rounds <= 7, rounds
+    for name, a, b in zip(("dk", "dbeta", "dr", "dd0"), new, seq):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+    torch.testing.assert_close(new[4].sum(0), seq[4].sum(0), rtol=1e-4, atol=1e-5, msg="deta")
+

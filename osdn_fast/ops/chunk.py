@@ -20,7 +20,7 @@ from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
 from .phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
-from .phase1_newton import phase1_fwd_newton
+from .phase1_newton import phase1_bwd_newton, phase1_fwd_newton
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -104,7 +104,7 @@ def phase1_form(T_mean: float, r, d_min, d_max) -> str:
 def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1):
     """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`). "newton" runs a fixed number of
     quasi-Newton rounds across chunks, then the sequential scan behind them, guarded to run only if they did not
-    converge; its backward is the sequential reverse scan (exact given the stored d). The chunk form runs without the
+    converge; its backward is the same in reverse (`phase1_bwd_newton_guarded`). The chunk form runs without the
     clip and flags (`outside`, int32 [1] on the device) any d that leaves [d_min, d_max]: the clip would have
     acted there, so the sequential scan, launched behind it, then redoes the call in place; otherwise its programs
     return at once. The host learns which happened only in the backward (`clip_acted`): no synchronisation here.
@@ -128,6 +128,20 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1):
     phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
                    only_if=outside, **p1)
     return "speculative", d_all, d_final, kt, outside
+
+
+def phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1):
+    """The backward after the quasi-Newton forward: PHASE1_NEWTON's rounds of the reverse quasi-Newton (no host
+    synchronisation), then the sequential reverse scan into the same outputs, guarded to run only if they did not
+    converge. (dk, dbeta, dr, dd0, deta [1, H])."""
+    rounds = dict(chunk_size=PHASE1_NEWTON["chunk_size"], fixed_rounds=PHASE1_NEWTON["fixed_rounds"])
+    dk, dbeta, dr, dd0, deta_chunks, unconverged = phase1_bwd_newton(
+        k, beta, r, eta, d_all, dd_final, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads, **p1, **rounds)
+    deta_seq = torch.empty(dd0.shape[:2], dtype=torch.float32, device=k.device)
+    phase1_bwd_seq(k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
+                   out=(dk, dbeta, dr, dd0, deta_seq), only_if=unconverged, **p1)
+    deta = torch.where(unconverged.bool(), deta_seq.sum(0), deta_chunks.sum(0))  # the unchosen side may be garbage
+    return dk, dbeta, dr, dd0, deta[None]
 
 
 class ClipFlag:
@@ -186,7 +200,10 @@ class ChunkOSDN(torch.autograd.Function):
         form = ctx.p1_form
         if form == "speculative":
             form = "sequential" if ctx.p1_flag.clip_acted() else "chunked"
-        if form == "chunked":
+        if form == "newton":
+            dk, dbeta, dr, dd0, deta = phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens,
+                                                                 (dkt, dk2, dbeta2), ctx.p1)
+        elif form == "chunked":
             dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
                 k, beta, r, eta, d_all, None, dd_final, beta_aware=ctx.p1["beta_aware"],
                 normalize=ctx.p1["normalize"], cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),

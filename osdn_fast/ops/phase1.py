@@ -205,14 +205,17 @@ def _bwd_step(lam, deta_acc, kt, b, rt, d, gd, dkt, dk2, db2, t, ok, dk, dbeta, 
 def phase1_bwd_seq_kernel(
     k, beta, r, eta, d_all, gd_all, gd_final, dkt_in, dk_in, dbeta_in, cu_seqlens,
     dk, dbeta, dr, dd0, deta,
-    T, H, K, eps, d_min, d_max,
+    T, H, K, eps, d_min, d_max, guard,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, HAS_GD_FINAL: tl.constexpr,
-    IS_VARLEN: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr,
+    IS_VARLEN: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, HAS_GUARD: tl.constexpr,
 ):
     """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
     Four tokens per loop iteration in four load slots, as in the forward (token t − 4 is loaded right after
-    token t's step)."""
+    token t's step). HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero."""
+    if HAS_GUARD:
+        if tl.load(guard) == 0:
+            return
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
@@ -267,10 +270,12 @@ def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, 
 
 
 def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
-                   phase2_grads=None):
-    """Sequential backward: phase1_launch.launch_bwd's results (the fused form with `phase2_grads`)."""
+                   phase2_grads=None, out=None, only_if=None):
+    """Sequential backward: phase1_launch.launch_bwd's results (the fused form with `phase2_grads`), written into
+    `out` if given; with `only_if` (int32 [1] on the device) it runs only if that is nonzero, as phase1_fwd_seq."""
     return launch_bwd(phase1_bwd_seq_kernel, k, beta, r, eta, d_all, gd_all, gd_final, d_min=d_min, d_max=d_max,
                       beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
+                      out=out, guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None,
                       num_warps=_seq_warps(block_k(k.shape[3])))
 
 

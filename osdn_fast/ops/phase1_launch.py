@@ -56,20 +56,23 @@ def launch_fwd(kernel, k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normali
 
 
 def launch_bwd(kernel, k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
-               phase2_grads, **launch):
-    """(dk, dbeta, dr, dd0, deta [N, H]), float32 (dr None without r). With `phase2_grads` = (∂k̃, ∂k, ∂β) of
-    phase 2 (float32, k's and β's shapes), the fused form: ∂k and ∂β are the totals, in k's and β's dtypes."""
+               phase2_grads, out=None, **launch):
+    """(dk, dbeta, dr, dd0, deta [N, H]), float32 (dr None without r), new or `out`. With `phase2_grads` = (∂k̃, ∂k,
+    ∂β) of phase 2 (float32, k's and β's shapes), the fused form: ∂k and ∂β are the totals, in k's and β's dtypes."""
     N, H, scalars, flags = _common(k, r, d_min, d_max, beta_aware, normalize, cu_seqlens)
     f32 = dict(dtype=torch.float32, device=k.device)
     fused = phase2_grads is not None
-    dk = torch.empty_like(k) if fused else torch.empty(k.shape, **f32)
-    if fused:
-        dbeta = torch.empty_like(beta)
+    if out is not None:
+        dk, dbeta, dr, dd0, deta = out
     else:
-        dbeta = torch.empty(beta.shape, **f32) if beta_aware else torch.zeros(beta.shape, **f32)
-    dr = torch.empty(beta.shape, **f32) if r is not None else None
-    dd0 = torch.empty(N, H, k.shape[3], **f32)
-    deta = torch.empty(N, H, **f32)
+        dk = torch.empty_like(k) if fused else torch.empty(k.shape, **f32)
+        if fused:
+            dbeta = torch.empty_like(beta)
+        else:
+            dbeta = torch.empty(beta.shape, **f32) if beta_aware else torch.zeros(beta.shape, **f32)
+        dr = torch.empty(beta.shape, **f32) if r is not None else None
+        dd0 = torch.empty(N, H, k.shape[3], **f32)
+        deta = torch.empty(N, H, **f32)
     kernel[(N, H)](
         k, beta, r if r is not None else beta, eta, d_all,
         gd_all if gd_all is not None else d_all, gd_final if gd_final is not None else dd0,

@@ -23,7 +23,7 @@ import triton.language as tl
 from osdn_ref import EPS
 
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
-from .phase1 import _gains, _load_token
+from .phase1 import _bwd_step, _gains, _load_token, _load_token_bwd
 from .phase1_launch import block_k
 
 
@@ -87,17 +87,74 @@ def newton_chunk_kernel(
 
 
 @triton.jit
+def newton_bwd_chunk_kernel(
+    k, beta, r, eta, d_all, guess, dkt_in, dk_in, dbeta_in, F, J, dk, dbeta, dr, deta, cu_seqlens, chunk_indices,
+    H, K, eps, d_min, d_max,
+    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
+    HAS_MAX: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
+):
+    """Chunk i_t, head h, the reverse scan (phase1's _bwd_step, fused with phase 2's gradients) from λ = guess[i_t, h]
+    at the chunk's end: stores ∂k_t, ∂β_t, ∂r_t of its tokens, ∂η of the chunk, F = λ at its start and the diagonal
+    J = Π_t keep_t r_t of ∂F/∂guess (the clip masks come from the stored d_t, so the map is linear)."""
+    i_t, h = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_indices + i_t * 2)
+    i_c = tl.load(chunk_indices + i_t * 2 + 1)
+    t0 = tl.load(cu_seqlens + i_n).to(tl.int64) + i_c * BT
+    t1 = tl.minimum(t0 + BT, tl.load(cu_seqlens + i_n + 1).to(tl.int64))
+    offs = tl.arange(0, BK)
+    mask = offs < K
+    state = (i_t * H + h) * K + offs
+    lam = tl.load(guess + state, mask=mask, other=0.0)
+    jac = tl.where(mask, 1.0, 0.0)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    deta_acc = eta_h * 0.0
+    src = (k, beta, r, d_all, d_all, dkt_in, dk_in, dbeta_in)
+    for i in range(0, t1 - t0):
+        t = t1 - 1 - i
+        x = _load_token_bwd(*src, t, t >= t0, h, H, K, offs, HAS_R, BETA_AWARE, False, True)
+        lam, deta_acc = _bwd_step(lam, deta_acc, *x, t, t >= t0, dk, dbeta, dr, h, H, K, offs, mask, eta_h, eps,
+                                  d_min, d_max, HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, False, True)
+        kt, b, rt, d = x[0].to(tl.float32), x[1], x[2], x[3]  # the step's clip mask, for J
+        if BETA_AWARE:
+            b = b.to(tl.float32)
+        if HAS_R:
+            rt = rt.to(tl.float32)
+        a = kt * kt
+        w, _, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
+        z = rt * d + w * a
+        keep = mask
+        if HAS_MIN:
+            keep = keep & (z >= d_min)
+        if HAS_MAX:
+            keep = keep & (z <= d_max)
+        jac = tl.where(keep, rt * jac, 0.0)
+    tl.store(F + state, lam, mask=mask)
+    tl.store(J + state, jac, mask=mask)
+    tl.store(deta + i_t * H + h, deta_acc)
+
+
+@triton.jit
 def newton_chain_kernel(guess, F, J, new_guess, change, d0, d_final, chunk_offsets, H, K, BK: tl.constexpr,
-                        DIAGONAL: tl.constexpr):
+                        DIAGONAL: tl.constexpr, REVERSE: tl.constexpr = False, HAS_D0: tl.constexpr = True):
     """Sequence n, head h: g'_0 = d_0, g'_{c+1} = F_c + J_c (g'_c − g_c) over its chunks (J_c a vector with
-    DIAGONAL); stores g', the d leaving the sequence, and max |g' − g| / max |g| over its chunks."""
+    DIAGONAL); stores g', the d leaving the sequence, and max |g' − g| / max |g| over its chunks. REVERSE walks the
+    chunks last to first (the backward: g is then each chunk's λ at its end, `d0` the λ after the sequence, zero
+    without HAS_D0, and `d_final` receives λ at its start)."""
     n, h = tl.program_id(0), tl.program_id(1)
     offs = tl.arange(0, BK)
     mask = offs < K
-    x = tl.load(d0 + (n * H + h) * K + offs, mask=mask, other=0.0)
+    if HAS_D0:
+        x = tl.load(d0 + (n * H + h) * K + offs, mask=mask, other=0.0)
+    else:
+        x = tl.zeros([BK], dtype=tl.float32)
     moved = 0.0
     size = 0.0
-    for c in range(tl.load(chunk_offsets + n), tl.load(chunk_offsets + n + 1)):
+    c_first, c_last = tl.load(chunk_offsets + n), tl.load(chunk_offsets + n + 1)
+    for i in range(c_first, c_last):
+        if REVERSE:
+            c = c_first + c_last - 1 - i
+        else:
+            c = i
         state = (c * H + h) * K + offs
         g = tl.load(guess + state, mask=mask, other=0.0)
         tl.store(new_guess + state, x, mask=mask)
@@ -163,3 +220,46 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
     if fixed_rounds is not None:
         return d_all, d_final, kt, (change.max() > tol).to(torch.int32).reshape(1)
     return d_all, d_final, kt, rounds
+
+
+def phase1_bwd_newton(k, beta, r, eta, d_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
+                      phase2_grads, chunk_size=64, tol=1e-6, fixed_rounds=None):
+    """The fused backward of phase1.phase1_bwd_seq (phase2_grads = (∂k̃, ∂k, ∂β) of phase 2) across chunks by the
+    same quasi-Newton method in reverse chunk order, with the diagonal Jacobian: given the stored d, the adjoint
+    recurrence is linear, so the rounds converge to the reverse scan's λ. Results (dk, dbeta in k's and β's dtypes,
+    dr float32 or None, dd0, deta [chunks, H]) and, as phase1_fwd_newton, the rounds or the device flag."""
+    B, T, H, K = k.shape
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if cu_seqlens is None:
+        cu, (indices, offsets) = uniform_cu_seqlens(B, T, k.device), uniform_chunk_layout(B, T, chunk_size, k.device)
+        most = -(-T // chunk_size)
+    else:
+        cu, (indices, offsets) = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
+        most = int((offsets[1:] - offsets[:-1]).max()) if fixed_rounds is None else 0
+    NT, BK = indices.shape[0], block_k(K)
+    f32 = dict(dtype=torch.float32, device=k.device)
+    guess = torch.zeros(NT, H, K, **f32)
+    new_guess, F, J = torch.empty_like(guess), torch.empty_like(guess), torch.empty_like(guess)
+    dk, dbeta = torch.empty_like(k), torch.empty_like(beta)
+    dr = torch.empty(beta.shape, **f32) if r is not None else None
+    dd0 = torch.empty(N, H, K, **f32)
+    deta = torch.empty(NT, H, **f32)
+    change = torch.empty(N, H, **f32)
+    flags = dict(HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
+                 HAS_MAX=d_max is not None, BK=BK)
+    for rounds in range(1, (fixed_rounds or most + 1) + 1):
+        newton_bwd_chunk_kernel[(NT, H)](
+            k, beta, r if r is not None else beta, eta, d_all, guess, *phase2_grads, F, J, dk, dbeta,
+            dr if dr is not None else deta, deta, cu, indices, H, K, EPS, 0.0 if d_min is None else float(d_min),
+            0.0 if d_max is None else float(d_max), BT=chunk_size, **flags, num_warps=1,
+        )
+        newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, gd_final if gd_final is not None else dd0, dd0,
+                                    offsets, H, K, BK=BK, DIAGONAL=True, REVERSE=True, HAS_D0=gd_final is not None,
+                                    num_warps=1)
+        if fixed_rounds is None and change.max().item() <= tol:
+            break
+        guess, new_guess = new_guess, guess
+    if fixed_rounds is not None:
+        return dk, dbeta, dr, dd0, deta, (change.max() > tol).to(torch.int32).reshape(1)
+    return dk, dbeta, dr, dd0, deta, rounds
+
