@@ -39,6 +39,23 @@ def _gains(eta_h, b, s, a, eps, NORMALIZE: tl.constexpr):
 
 
 @triton.jit
+def _clipped_update(d, a, b, rt, eta_h, eps, d_min, d_max, mask, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
+                    HAS_MAX: tl.constexpr):
+    """(clip(z_t), keep_t, c_t): z_t = r_t d_t + w_t a_t, keep_t the coordinates the clip leaves alone (in `mask`),
+    c_t = η b_t² / n_t. One place for the step that the scans and the passes over chunks share."""
+    w, c, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
+    z = rt * d + w * a
+    keep = mask
+    if HAS_MIN:
+        keep = keep & (z >= d_min)
+        z = tl.maximum(z, d_min)
+    if HAS_MAX:
+        keep = keep & (z <= d_max)
+        z = tl.minimum(z, d_max)
+    return z, keep, c
+
+
+@triton.jit
 def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr):
     """k_t, β_t, r_t of token t as stored (zeros, r = 1, when not ok). Nothing is computed from a prefetched
     load until its token's step: an instruction that reads a loaded register waits for the load there (a
@@ -70,13 +87,7 @@ def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_m
         b = b.to(tl.float32)
     if HAS_R:
         rt = rt.to(tl.float32)
-    a = kt * kt
-    w, _, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
-    z = rt * d + w * a
-    if HAS_MIN:
-        z = tl.maximum(z, d_min)
-    if HAS_MAX:
-        z = tl.minimum(z, d_max)
+    z, _, _ = _clipped_update(d, kt * kt, b, rt, eta_h, eps, d_min, d_max, offs < K, NORMALIZE, HAS_MIN, HAS_MAX)
     return tl.where(ok, z, d)
 
 

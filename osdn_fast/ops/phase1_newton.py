@@ -23,8 +23,17 @@ import triton.language as tl
 from osdn_ref import EPS
 
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
-from .phase1 import _bwd_step, _gains, _load_token, _load_token_bwd
+from .phase1 import _bwd_step, _clipped_update, _load_token, _load_token_bwd
 from .phase1_launch import block_k
+
+
+@triton.jit
+def _chunk_span(cu_seqlens, chunk_indices, i_t, BT: tl.constexpr):
+    """Tokens [t0, t1) of chunk i_t (flattened token axis; the last chunk of a sequence may be short)."""
+    i_n = tl.load(chunk_indices + i_t * 2)
+    i_c = tl.load(chunk_indices + i_t * 2 + 1)
+    t0 = tl.load(cu_seqlens + i_n).to(tl.int64) + i_c * BT
+    return t0, tl.minimum(t0 + BT, tl.load(cu_seqlens + i_n + 1).to(tl.int64))
 
 
 @triton.jit
@@ -38,10 +47,7 @@ def newton_chunk_kernel(
     J [K, K] = ∂F/∂guess (row: coordinate of F, column: coordinate of the guess), or with DIAGONAL only
     J [K] = Π_t keep_t r_t, the Jacobian without its rank-one terms (O(K) per token instead of O(K²))."""
     i_t, h = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(chunk_indices + i_t * 2)
-    i_c = tl.load(chunk_indices + i_t * 2 + 1)
-    t0 = tl.load(cu_seqlens + i_n).to(tl.int64) + i_c * BT
-    t1 = tl.minimum(t0 + BT, tl.load(cu_seqlens + i_n + 1).to(tl.int64))
+    t0, t1 = _chunk_span(cu_seqlens, chunk_indices, i_t, BT)
     offs = tl.arange(0, BK)
     mask = offs < K
     state = (i_t * H + h) * K + offs
@@ -64,15 +70,7 @@ def newton_chunk_kernel(
         if HAS_R:
             rt = rt.to(tl.float32)
         a = kt * kt
-        w, c, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
-        z = rt * d + w * a
-        keep = mask
-        if HAS_MIN:
-            keep = keep & (z >= d_min)
-            z = tl.maximum(z, d_min)
-        if HAS_MAX:
-            keep = keep & (z <= d_max)
-            z = tl.minimum(z, d_max)
+        z, keep, c = _clipped_update(d, a, b, rt, eta_h, eps, d_min, d_max, mask, NORMALIZE, HAS_MIN, HAS_MAX)
         if DIAGONAL:
             jac = tl.where(keep, rt * jac, 0.0)
         else:
@@ -97,10 +95,7 @@ def newton_bwd_chunk_kernel(
     at the chunk's end: stores ∂k_t, ∂β_t, ∂r_t of its tokens, ∂η of the chunk, F = λ at its start and the diagonal
     J = Π_t keep_t r_t of ∂F/∂guess (the clip masks come from the stored d_t, so the map is linear)."""
     i_t, h = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(chunk_indices + i_t * 2)
-    i_c = tl.load(chunk_indices + i_t * 2 + 1)
-    t0 = tl.load(cu_seqlens + i_n).to(tl.int64) + i_c * BT
-    t1 = tl.minimum(t0 + BT, tl.load(cu_seqlens + i_n + 1).to(tl.int64))
+    t0, t1 = _chunk_span(cu_seqlens, chunk_indices, i_t, BT)
     offs = tl.arange(0, BK)
     mask = offs < K
     state = (i_t * H + h) * K + offs
@@ -119,14 +114,7 @@ def newton_bwd_chunk_kernel(
             b = b.to(tl.float32)
         if HAS_R:
             rt = rt.to(tl.float32)
-        a = kt * kt
-        w, _, _ = _gains(eta_h, b, tl.sum(d * a, axis=0), a, eps, NORMALIZE)
-        z = rt * d + w * a
-        keep = mask
-        if HAS_MIN:
-            keep = keep & (z >= d_min)
-        if HAS_MAX:
-            keep = keep & (z <= d_max)
+        _, keep, _ = _clipped_update(d, kt * kt, b, rt, eta_h, eps, d_min, d_max, mask, NORMALIZE, HAS_MIN, HAS_MAX)
         jac = tl.where(keep, rt * jac, 0.0)
     tl.store(F + state, lam, mask=mask)
     tl.store(J + state, jac, mask=mask)
@@ -174,6 +162,20 @@ def newton_chain_kernel(guess, F, J, new_guess, change, d0, d_final, chunk_offse
 JACOBIANS = ("dense", "diagonal")
 
 
+def _chunk_setup(k, cu_seqlens, chunk_size, fixed_rounds):
+    """(N, cu_seqlens, chunk indices, chunk offsets, rounds to run): `fixed_rounds`, or one more than the most chunks
+    of a sequence (round m makes chunk m's start exact), which for packed sequences costs a host synchronisation."""
+    B, T = k.shape[:2]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    if cu_seqlens is None:
+        cu, (indices, offsets) = uniform_cu_seqlens(B, T, k.device), uniform_chunk_layout(B, T, chunk_size, k.device)
+        most = -(-T // chunk_size)
+    else:
+        cu, (indices, offsets) = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
+        most = int((offsets[1:] - offsets[:-1]).max()) if fixed_rounds is None else 0
+    return N, cu, indices, offsets, fixed_rounds or most + 1
+
+
 def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
                       chunk_size=64, tol=1e-6, jacobian="dense", fixed_rounds=None):
     """The forward of phase1.phase1_fwd_seq (same arguments and results, plus a fourth), across chunks by Newton's
@@ -187,13 +189,7 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
         raise ValueError(f"jacobian must be one of {JACOBIANS}, got {jacobian!r}")
     diagonal = jacobian == "diagonal"
     B, T, H, K = k.shape
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    if cu_seqlens is None:
-        cu, (indices, offsets) = uniform_cu_seqlens(B, T, k.device), uniform_chunk_layout(B, T, chunk_size, k.device)
-        most = -(-T // chunk_size)
-    else:
-        cu, (indices, offsets) = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
-        most = int((offsets[1:] - offsets[:-1]).max()) if fixed_rounds is None else 0
+    N, cu, indices, offsets, rounds_cap = _chunk_setup(k, cu_seqlens, chunk_size, fixed_rounds)
     NT, BK = indices.shape[0], block_k(K)
     f32 = dict(dtype=torch.float32, device=k.device)
     start = d0.float().contiguous() if d0 is not None else torch.ones(N, H, K, **f32)
@@ -206,7 +202,7 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
     kt = torch.empty_like(k) if store_kt else None
     flags = dict(HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
                  HAS_MAX=d_max is not None, BK=BK)
-    for rounds in range(1, (fixed_rounds or most + 1) + 1):
+    for rounds in range(1, rounds_cap + 1):
         newton_chunk_kernel[(NT, H)](
             k, beta, r if r is not None else beta, eta, guess, d_all, kt if store_kt else d_all, F, J, cu, indices,
             H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
@@ -229,13 +225,7 @@ def phase1_bwd_newton(k, beta, r, eta, d_all, gd_final, *, d_min, d_max, beta_aw
     recurrence is linear, so the rounds converge to the reverse scan's λ. Results (dk, dbeta in k's and β's dtypes,
     dr float32 or None, dd0, deta [chunks, H]) and, as phase1_fwd_newton, the rounds or the device flag."""
     B, T, H, K = k.shape
-    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
-    if cu_seqlens is None:
-        cu, (indices, offsets) = uniform_cu_seqlens(B, T, k.device), uniform_chunk_layout(B, T, chunk_size, k.device)
-        most = -(-T // chunk_size)
-    else:
-        cu, (indices, offsets) = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
-        most = int((offsets[1:] - offsets[:-1]).max()) if fixed_rounds is None else 0
+    N, cu, indices, offsets, rounds_cap = _chunk_setup(k, cu_seqlens, chunk_size, fixed_rounds)
     NT, BK = indices.shape[0], block_k(K)
     f32 = dict(dtype=torch.float32, device=k.device)
     guess = torch.zeros(NT, H, K, **f32)
@@ -247,7 +237,7 @@ def phase1_bwd_newton(k, beta, r, eta, d_all, gd_final, *, d_min, d_max, beta_aw
     change = torch.empty(N, H, **f32)
     flags = dict(HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
                  HAS_MAX=d_max is not None, BK=BK)
-    for rounds in range(1, (fixed_rounds or most + 1) + 1):
+    for rounds in range(1, rounds_cap + 1):
         newton_bwd_chunk_kernel[(NT, H)](
             k, beta, r if r is not None else beta, eta, d_all, guess, *phase2_grads, F, J, dk, dbeta,
             dr if dr is not None else deta, deta, cu, indices, H, K, EPS, 0.0 if d_min is None else float(d_min),
