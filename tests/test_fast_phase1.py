@@ -121,6 +121,20 @@ def grads(inputs, d_all, d_final, w_all, w_final):
     return {n: torch.zeros_like(inputs[n]) if g is None else g for n, g in zip(names, got)}
 
 
+def against_reference(x, p, chunked):
+    """float32 kernels on x against osdn_ref in float64: d_t, d_T, and every gradient for random cotangents."""
+    leaves = {n: t.requires_grad_() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
+    ref_all, ref_final = reference(leaves, p)
+    y, d_all, d_final = fast(x, p, chunked)
+    osdn_ref.check("d_all", d_all, ref_all, FORWARD_TOL)
+    osdn_ref.check("d_final", d_final, ref_final, FORWARD_TOL)
+    w_all, w_final = torch.randn_like(ref_all), torch.randn_like(ref_final)
+    expected = grads(leaves, ref_all, ref_final, w_all, w_final)
+    actual = grads(y, d_all, d_final, w_all, w_final)
+    for name, g in expected.items():
+        close(f"d{name}", actual[name], g, GRAD_TOL[torch.float32])
+
+
 def close(label, actual, expected, tol, floor=1e-2):
     """‖actual − expected‖ ≤ tol · max(‖expected‖, floor): relative, except for gradients that vanish in exact
     arithmetic (e.g. ∂η at the fixed point d = 1 of the beta-free form), where float64 keeps only round-off."""
@@ -204,17 +218,7 @@ def test_every_solver_matches_reference(solver, chunk_size):
     p = dict(B=1, T=150, H=2, K=24, lengths=[70, 1, 79], options=dict(beta_aware=True, normalize=True, d_min=None,
              d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
              chunk_size=chunk_size, solver=solver, seed=11)
-    x = make_inputs(p)
-    leaves = {n: t.requires_grad_() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
-    ref_all, ref_final = reference(leaves, p)
-    y, d_all, d_final = fast(x, p, chunked=True)
-    osdn_ref.check("d_all", d_all, ref_all, FORWARD_TOL)
-    osdn_ref.check("d_final", d_final, ref_final, FORWARD_TOL)
-    w_all, w_final = torch.randn_like(ref_all), torch.randn_like(ref_final)
-    expected = grads(leaves, ref_all, ref_final, w_all, w_final)
-    actual = grads(y, d_all, d_final, w_all, w_final)
-    for name, g in expected.items():
-        close(f"d{name}", actual[name], g, GRAD_TOL[torch.float32])
+    against_reference(make_inputs(p), p, chunked=True)
 
 
 def test_eta_zero_keeps_d0():
@@ -246,15 +250,7 @@ def test_zero_retention(chunked):
              solver="substitution", seed=7)
     x = make_inputs(p)
     x["r"][0, ::5] = 0.0
-    leaves = {n: t.requires_grad_() if isinstance(t, torch.Tensor) else t for n, t in x.items()}
-    ref_all, ref_final = reference(leaves, p)
-    y, d_all, d_final = fast(x, p, chunked)
-    osdn_ref.check("d_all", d_all, ref_all, FORWARD_TOL)
-    w_all, w_final = torch.randn_like(ref_all), torch.randn_like(ref_final)
-    expected = grads(leaves, ref_all, ref_final, w_all, w_final)
-    actual = grads(y, d_all, d_final, w_all, w_final)
-    for name, g in expected.items():
-        close(f"d{name}", actual[name], g, GRAD_TOL[torch.float32])
+    against_reference(x, p, chunked)
 
 
 def test_chunk_size_must_be_a_power_of_two():
