@@ -127,11 +127,11 @@ def test_newton_phase1_redone_when_unconverged(rounds, monkeypatch):
     monkeypatch.setitem(chunk_ops.PHASE1_NEWTON, "fixed_rounds", rounds)
     _, (q, k, v, beta) = make_tensors(4, 1, 150, 2, 8, 8, torch.float32)
     k, beta = k.to(DEVICE), beta.to(DEVICE)
-    rr = 0.9 + 0.1 * torch.rand(beta.shape, generator=torch.Generator().manual_seed(5))
+    rr = (0.9 + 0.1 * torch.rand(beta.shape, generator=torch.Generator().manual_seed(5))).to(DEVICE)
     eta_h = torch.full((2,), 2.0, device=DEVICE)
     p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
-    _, d_all, d_final, kt, _ = chunk_ops.phase1_fwd(k, beta, rr.to(DEVICE), None, eta_h, None, p1)
-    *_, unconverged = chunk_ops.phase1_fwd_newton(k, beta, rr.to(DEVICE), None, eta_h, cu_seqlens=None, **p1,
+    _, d_all, d_final, kt, _ = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    *_, unconverged = chunk_ops.phase1_fwd_newton(k, beta, rr, None, eta_h, cu_seqlens=None, **p1,
                                                   **chunk_ops.PHASE1_NEWTON)
     assert int(unconverged) == (rounds == 1)
     ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=2.0, r=rr.double(), d_min=0.9, d_max=1.1)
