@@ -62,7 +62,7 @@ def compare(tensors, options, chunk_size, dtype=torch.float32, fwd_tol=FORWARD_T
     for name, expected in ref.items():
         tol = fwd_tol if name in ("o", "S", "d") else grad_tol
         assert name in fast and fast[name] is not None, name
-        err = (fast[name].double().cpu() - expected).norm().item() / max(expected.norm().item(), FLOOR)
+        err = (fast[name].double() - expected).norm().item() / max(expected.norm().item(), FLOOR)
         assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
 
 
