@@ -13,6 +13,11 @@ One run times, with CUDA events and medians (`triton.testing.do_bench`), forward
 at the issue's shapes plus a T sweep, and reports tokens/s, effective bandwidth against a measured copy
 ceiling and peak memory. Writes `bench_suite.json` and `bench_suite.csv` into --out.
 
+With --cudagraph every row also gets `graph_ms`, the median of the same call replayed from a CUDA graph
+(`triton.testing.do_bench_cudagraph`): no host work between kernels, so a call whose launches take longer than its
+kernels (fla's backward at D = 128: `benchmarks/profile_op.py`) is timed by its GPU work. A call that cannot be
+captured (OSDN's backward with the clip reads a device flag on the host) gets NaN and the reason in `graph_note`.
+
     python benchmarks/bench_suite.py --out $OUT            # on the GPU
     TRITON_INTERPRET=1 python benchmarks/bench_suite.py --smoke --out /tmp/bench   # script check on CPU
 """
@@ -74,6 +79,19 @@ def timed(fn, grad_inputs, smoke):
     return do_bench(fn, warmup=25, rep=100, grad_to_none=grad_inputs, return_mode="median")
 
 
+def graph_timed(fn, grad_inputs, smoke):
+    """(median ms of fn replayed from a CUDA graph, None), or (NaN, why) when it cannot be captured."""
+    if smoke:
+        return float("nan"), "smoke run: no CUDA graph"
+    from triton.testing import do_bench_cudagraph
+
+    try:
+        return float(do_bench_cudagraph(fn, rep=100, grad_to_none=grad_inputs, return_mode="median")), None
+    except Exception as err:  # noqa: BLE001 (a call that reads a device flag on the host cannot be captured)
+        torch.cuda.synchronize()
+        return float("nan"), f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
+
+
 def timed_once(fn, device):
     """(ms, peak MiB) of a single synchronized call: for the PyTorch reference, whose calls take seconds."""
     if device != "cuda":
@@ -133,7 +151,7 @@ def phase1_form_used(x, eta, extra):
     return form
 
 
-def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, variants=None):
+def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, variants=None, cudagraph=False):
     import osdn_fast
     import osdn_ref
     from osdn_fast.ops.chunk import PHASE1_CHUNKED
@@ -162,6 +180,9 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, v
                              ms=ms, tokens_per_s=B * T / (ms * 1e-3) if ms == ms else float("nan"),
                              gbs=min_bytes(B, T, H, D, mode == "fwdbwd") / (ms * 1e-3) / 1e9 if ms == ms else float("nan"),
                              peak_mib=mem))
+            if cudagraph and not once:
+                with torch.no_grad() if mode == "fwd" else torch.enable_grad():
+                    rows[-1]["graph_ms"], rows[-1]["graph_note"] = graph_timed(fn, grads, smoke)
             print(f"{rows[-1]['shape']:>16} {name:>20} {mode:>6} {ms:9.3f} ms", flush=True)
 
     names = ["osdn_clip"] if sweep_only else variants or list(osdn_variants())
@@ -217,11 +238,15 @@ def summarise(rows):
     """Ratios of medians against fla's chunk_delta_rule at each main shape and mode, and phase 1's share
     (the T-sweep rows are summarised by their log-log slope instead)."""
     by = {(r["shape"], r["impl"], r["mode"]): r["ms"] for r in rows if not r.get("sweep")}
+    graph = {(r["shape"], r["impl"], r["mode"]): r["graph_ms"] for r in rows
+             if not r.get("sweep") and r.get("graph_ms", float("nan")) == r.get("graph_ms")}
     out = []
     for (shape, impl, mode), ms in by.items():
         base = by.get((shape, "fla_delta_rule", mode))
         entry = dict(shape=shape, impl=impl, mode=mode, ms=ms,
                      vs_fla_delta_rule=ms / base if base else None)
+        if (shape, impl, mode) in graph and (shape, "fla_delta_rule", mode) in graph:
+            entry["graph_vs_fla_delta_rule"] = graph[(shape, impl, mode)] / graph[(shape, "fla_delta_rule", mode)]
         if impl.startswith("phase1["):
             whole = by.get((shape, impl[7:-1], mode))
             entry["share_of_osdn"] = ms / whole if whole else None
@@ -244,6 +269,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--smoke", action="store_true", help="tiny shapes, one call each, no timing (CPU check)")
     ap.add_argument("--tuning", help="JSON {stage: launch settings} applied over osdn_fast.ops.tuning.TUNING")
+    ap.add_argument("--cudagraph", action="store_true",
+                    help="also time every call replayed from a CUDA graph (graph_ms: GPU time without host gaps)")
     ap.add_argument("--variants", help="comma-separated OSDN variants to time (default: all); fla's chunk_delta_rule "
                                        "and the T sweep always run, fla's gated rule only with all variants")
     args = ap.parse_args(argv)
@@ -277,14 +304,15 @@ def main(argv=None):
         fla=__import__("fla").__version__ if have_fla else None,
         dtype=str(dtype), copy_ceiling_gbs=copy_ceiling_gbs(device, args.smoke),
         timing="triton.testing.do_bench, median, warmup 25 ms, rep 100 ms (osdn_ref: one call per mode, T <= 4096)",
-        tuning=copy.deepcopy(TUNING), variants=variants or list(osdn_variants()),
+        tuning=copy.deepcopy(TUNING), variants=variants or list(osdn_variants()), cudagraph=args.cudagraph,
     )
     rows = []
     plan = [(shape, False) for shape in (SMOKE_SHAPES if args.smoke else SHAPES)]
     plan += [(shape, True) for shape in (SMOKE_SHAPES if args.smoke else T_SWEEP)]
     for i, (shape, sweep) in enumerate(plan):
         new = []
-        bench_shape(shape, dtype, device, args.smoke, have_fla, new, sweep_only=sweep, variants=variants)
+        bench_shape(shape, dtype, device, args.smoke, have_fla, new, sweep_only=sweep, variants=variants,
+                    cudagraph=args.cudagraph)
         for r in new:
             r["sweep"] = sweep
         rows += new
@@ -308,7 +336,9 @@ def write(out, meta, rows, complete):
     print("T-sweep log-log slopes:", json.dumps(slopes))
     for s in result["summary"]:
         if s["vs_fla_delta_rule"] is not None:
-            print(f"{s['shape']:>16} {s['impl']:>24} {s['mode']:>6} {s['ms']:9.3f} ms  x{s['vs_fla_delta_rule']:.2f} vs fla")
+            graph = f"  (CUDA graphs: x{s['graph_vs_fla_delta_rule']:.2f})" if "graph_vs_fla_delta_rule" in s else ""
+            print(f"{s['shape']:>16} {s['impl']:>24} {s['mode']:>6} {s['ms']:9.3f} ms  x{s['vs_fla_delta_rule']:.2f} vs fla"
+                  + graph)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@
 #   VALIDATE_S=240 BENCH_S=200 PROFILE_S=120 SWEEP_S=40 bash benchmarks/gpu_session.sh
 #   STEPS="validate pytest phase1" bash benchmarks/gpu_session.sh    # a new phase-1 form: checks, then its timings
 #   STEPS=pytest PYTEST_TESTS=tests/test_fast_chunk.py PYTEST_K="newton or speculates" bash benchmarks/gpu_session.sh
+#   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -30,7 +31,7 @@ has pytest && step pytest "${PYTEST_S:-150}" python3 -m pytest -q -x -p no:cache
     -k "${PYTEST_K:-newton or guarded or fused or chunked or speculates or solver}"
 has phase1 && step phase1 "${PHASE1_S:-120}" python3 benchmarks/bench_phase1.py --out "$OUT/phase1_bench.json" \
     --newton --chunk-sizes 64 --solvers blockwise --precisions tf32
-has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT"
+has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
 has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}"
 rm -f "$OUT/tuning.json"  # a sweep's pick is read from profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80

@@ -12,7 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_smoke_run_writes_every_row(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_suite.py"), "--smoke", "--out", str(tmp_path)],
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_suite.py"), "--smoke", "--cudagraph",
+                          "--out", str(tmp_path)],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     result = json.loads((tmp_path / "bench_suite.json").read_text())
@@ -27,3 +28,6 @@ def test_smoke_run_writes_every_row(tmp_path):
     for name in expected:
         assert {(name, "fwd"), (name, "fwdbwd")} <= impls, name
     assert result["meta"]["tuning"] and result["meta"]["date"]  # the launch settings and the date are recorded
+    assert result["meta"]["cudagraph"]
+    for r in result["rows"]:  # every timed row has its CUDA-graph column (NaN on the CPU, with the reason)
+        assert r["impl"] == "osdn_ref" or ("graph_ms" in r and r["graph_note"]), r
