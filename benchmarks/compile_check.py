@@ -104,7 +104,7 @@ def signature(kernel, constexprs, none_args, dtype):
             types[name], consts[name] = "constexpr", constexprs.get(name)
         elif name in ("H", "T", "K"):
             types[name] = "i32"
-        elif name in ("scale", "eps", "d_min", "d_max"):
+        elif name in ("scale", "eps", "d_min", "d_max", "tol"):
             types[name] = "fp32"
         elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets", "chunk_seq", "chunk_start", "outside", "guard"):
             types[name] = "*i32"

@@ -12,7 +12,8 @@ if not torch.cuda.is_available():
 
 from osdn_fast.ops.index import uniform_chunk_layout, uniform_cu_seqlens  # noqa: E402
 from osdn_fast.ops.phase1 import phase1_bwd_seq, phase1_fwd_seq  # noqa: E402
-from osdn_fast.ops.phase1_newton import newton_chunk_kernel, phase1_bwd_newton, phase1_fwd_newton  # noqa: E402
+from osdn_fast.ops.phase1_newton import (  # noqa: E402
+    newton_chain_kernel, newton_chunk_kernel, phase1_bwd_newton, phase1_fwd_newton)
 from osdn_ref.preconditioner import EPS  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
@@ -82,8 +83,9 @@ def test_chunk_jacobian_matches_the_float64_study():
     d_all, F = torch.empty(1, C, 1, K, device=DEVICE), torch.empty(1, 1, K, device=DEVICE)
     J = torch.empty(1, 1, K, K, device=DEVICE)
     indices, _ = uniform_chunk_layout(1, C, C, DEVICE)
+    not_converged = torch.full((1, 1), float("inf"), device=DEVICE)
     newton_chunk_kernel[(1, 1)](k, beta, beta, eta, guess, d_all, d_all, F, J, uniform_cu_seqlens(1, C, DEVICE), indices,
-                                1, K, EPS, LO, HI, HAS_R=False, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=True,
+                                not_converged, 1e-6, 1, K, EPS, LO, HI, HAS_R=False, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=True,
                                 HAS_MAX=True, BK=K, BT=C, STORE_KT=False, DIAGONAL=False)
     a = (k[0, :, 0].double().cpu() ** 2)[None]
     n = a.sum(-1) + EPS
@@ -112,3 +114,26 @@ def test_reverse_quasi_newton_matches_the_reverse_scan():
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
     torch.testing.assert_close(new[4].sum(0), seq[4].sum(0), rtol=1e-4, atol=1e-5, msg="deta")
 
+
+
+def test_converged_chains_skip_later_rounds():
+    """A (sequence, head) whose chain moved nothing (change <= tol) is left alone by both kernels of later rounds:
+    its d_t, F and new guesses keep what the round that converged wrote; one with change > tol is recomputed."""
+    K, C = 8, 16
+    k, beta, _ = inputs(1, 2 * C, 2, K, apf=False, seed=3)
+    cu, (indices, offsets) = uniform_cu_seqlens(1, 2 * C, DEVICE), uniform_chunk_layout(1, 2 * C, C, DEVICE)
+    eta = torch.full((2,), 0.5, device=DEVICE)
+    guess = torch.ones(2, 2, K, device=DEVICE)
+    change = torch.tensor([[0.0, float("inf")]], device=DEVICE)  # head 0 converged, head 1 not
+    d_all, F, J, new_guess, d_final = (torch.full(shape, -7.0, device=DEVICE) for shape in
+                                       ((1, 2 * C, 2, K), (2, 2, K), (2, 2, K), (2, 2, K), (1, 2, K)))
+    newton_chunk_kernel[(2, 2)](k, beta, beta, eta, guess, d_all, d_all, F, J, cu, indices, change, 1e-6, 2, K, EPS,
+                                LO, HI, HAS_R=False, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=True, HAS_MAX=True,
+                                BK=K, BT=C, STORE_KT=False, DIAGONAL=True)
+    newton_chain_kernel[(1, 2)](guess, F, J, new_guess, change, 1e-6, guess, d_final, offsets, 2, K, BK=K,
+                                DIAGONAL=True)
+    for x in (d_all[:, :, 0], F[:, 0], new_guess[:, 0], d_final[:, 0]):
+        assert (x == -7.0).all()  # head 0: untouched
+    for x in (d_all[:, :, 1], F[:, 1], new_guess[:, 1], d_final[:, 1]):
+        assert (x != -7.0).all()  # head 1: computed
+    assert change[0, 0] == 0.0 and torch.isfinite(change[0, 1])

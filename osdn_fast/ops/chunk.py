@@ -87,7 +87,7 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
 PHASE1_CHUNKED_MIN_T = 4096  # mean sequence length from which phase 1 runs chunk-parallel (NOTES.md, version 5)
 PHASE1_CHUNKED = dict(chunk_size=64, solver="blockwise", precision="tf32")
-PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=4)
+PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=6)
 
 
 def phase1_form(T_mean: float, r, d_min, d_max) -> str:

@@ -11,7 +11,9 @@ One round:
    g'_{c+1} = F_c(g_c) + J_c (g'_c − g_c), and the largest change |g' − g| relative to |g|.
 
 Rounds repeat until no chunk start changes (to `tol`); the chunk pass of that last round ran from the fixed point,
-so its d_t are the scan's. Round m makes chunk m's start exact, so a sequence of n chunks needs at most n + 1
+so its d_t are the scan's. Each (sequence, head) stops on its own: once its chain moved no start (its `change` is at
+most `tol`), both kernels of later rounds return at once for it, so rounds beyond the ones a sequence needs cost a
+launch, not a pass. Round m makes chunk m's start exact, so a sequence of n chunks needs at most n + 1
 rounds; the study needed 2–7 at 256 chunks. The fixed point g = F(g) does not depend on J's accuracy.
 """
 from __future__ import annotations
@@ -37,8 +39,14 @@ def _chunk_span(cu_seqlens, chunk_indices, i_t, BT: tl.constexpr):
 
 
 @triton.jit
+def _converged(change, n, h, H, tol):
+    """Whether the chain of (sequence n, head h) moved no chunk start in the last round (`change` starts at +inf)."""
+    return tl.load(change + n * H + h) <= tol
+
+
+@triton.jit
 def newton_chunk_kernel(
-    k, beta, r, eta, guess, d_all, kt_out, F, J, cu_seqlens, chunk_indices,
+    k, beta, r, eta, guess, d_all, kt_out, F, J, cu_seqlens, chunk_indices, change, tol,
     H, K, eps, d_min, d_max,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
     HAS_MAX: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, STORE_KT: tl.constexpr, DIAGONAL: tl.constexpr,
@@ -47,6 +55,8 @@ def newton_chunk_kernel(
     J [K, K] = ∂F/∂guess (row: coordinate of F, column: coordinate of the guess), or with DIAGONAL only
     J [K] = Π_t keep_t r_t, the Jacobian without its rank-one terms (O(K) per token instead of O(K²))."""
     i_t, h = tl.program_id(0), tl.program_id(1)
+    if _converged(change, tl.load(chunk_indices + i_t * 2), h, H, tol):
+        return
     t0, t1 = _chunk_span(cu_seqlens, chunk_indices, i_t, BT)
     offs = tl.arange(0, BK)
     mask = offs < K
@@ -87,7 +97,7 @@ def newton_chunk_kernel(
 @triton.jit
 def newton_bwd_chunk_kernel(
     k, beta, r, eta, d_all, guess, dkt_in, dk_in, dbeta_in, F, J, dk, dbeta, dr, deta, cu_seqlens, chunk_indices,
-    H, K, eps, d_min, d_max,
+    change, tol, H, K, eps, d_min, d_max,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
     HAS_MAX: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr,
 ):
@@ -95,6 +105,8 @@ def newton_bwd_chunk_kernel(
     at the chunk's end: stores ∂k_t, ∂β_t, ∂r_t of its tokens, ∂η of the chunk, F = λ at its start and the diagonal
     J = Π_t keep_t r_t of ∂F/∂guess (the clip masks come from the stored d_t, so the map is linear)."""
     i_t, h = tl.program_id(0), tl.program_id(1)
+    if _converged(change, tl.load(chunk_indices + i_t * 2), h, H, tol):
+        return
     t0, t1 = _chunk_span(cu_seqlens, chunk_indices, i_t, BT)
     offs = tl.arange(0, BK)
     mask = offs < K
@@ -122,13 +134,15 @@ def newton_bwd_chunk_kernel(
 
 
 @triton.jit
-def newton_chain_kernel(guess, F, J, new_guess, change, d0, d_final, chunk_offsets, H, K, BK: tl.constexpr,
+def newton_chain_kernel(guess, F, J, new_guess, change, tol, d0, d_final, chunk_offsets, H, K, BK: tl.constexpr,
                         DIAGONAL: tl.constexpr, REVERSE: tl.constexpr = False, HAS_D0: tl.constexpr = True):
     """Sequence n, head h: g'_0 = d_0, g'_{c+1} = F_c + J_c (g'_c − g_c) over its chunks (J_c a vector with
     DIAGONAL); stores g', the d leaving the sequence, and max |g' − g| / max |g| over its chunks. REVERSE walks the
     chunks last to first (the backward: g is then each chunk's λ at its end, `d0` the λ after the sequence, zero
-    without HAS_D0, and `d_final` receives λ at its start)."""
+    without HAS_D0, and `d_final` receives λ at its start). A chain that moved nothing last round returns at once."""
     n, h = tl.program_id(0), tl.program_id(1)
+    if _converged(change, n, h, H, tol):
+        return
     offs = tl.arange(0, BK)
     mask = offs < K
     if HAS_D0:
@@ -198,17 +212,17 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
     J = torch.empty(NT, H, K, **f32) if diagonal else torch.empty(NT, H, K, K, **f32)
     d_all = torch.empty(B, T, H, K, **f32)
     d_final = torch.empty(N, H, K, **f32)
-    change = torch.empty(N, H, **f32)
+    change = torch.full((N, H), float("inf"), **f32)  # no chain has converged before the first round
     kt = torch.empty_like(k) if store_kt else None
     flags = dict(HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
                  HAS_MAX=d_max is not None, BK=BK)
     for rounds in range(1, rounds_cap + 1):
         newton_chunk_kernel[(NT, H)](
             k, beta, r if r is not None else beta, eta, guess, d_all, kt if store_kt else d_all, F, J, cu, indices,
-            H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
+            change, tol, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
             BT=chunk_size, STORE_KT=store_kt, DIAGONAL=diagonal, **flags, num_warps=1 if diagonal else 4,
         )
-        newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, start, d_final, offsets, H, K, BK=BK,
+        newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, tol, start, d_final, offsets, H, K, BK=BK,
                                     DIAGONAL=diagonal, num_warps=1 if diagonal else 4)
         if fixed_rounds is None and change.max().item() <= tol:
             break
@@ -234,16 +248,16 @@ def phase1_bwd_newton(k, beta, r, eta, d_all, gd_final, *, d_min, d_max, beta_aw
     dr = torch.empty(beta.shape, **f32) if r is not None else None
     dd0 = torch.empty(N, H, K, **f32)
     deta = torch.empty(NT, H, **f32)
-    change = torch.empty(N, H, **f32)
+    change = torch.full((N, H), float("inf"), **f32)
     flags = dict(HAS_R=r is not None, BETA_AWARE=beta_aware, NORMALIZE=normalize, HAS_MIN=d_min is not None,
                  HAS_MAX=d_max is not None, BK=BK)
     for rounds in range(1, rounds_cap + 1):
         newton_bwd_chunk_kernel[(NT, H)](
             k, beta, r if r is not None else beta, eta, d_all, guess, *phase2_grads, F, J, dk, dbeta,
-            dr if dr is not None else deta, deta, cu, indices, H, K, EPS, 0.0 if d_min is None else float(d_min),
+            dr if dr is not None else deta, deta, cu, indices, change, tol, H, K, EPS, 0.0 if d_min is None else float(d_min),
             0.0 if d_max is None else float(d_max), BT=chunk_size, **flags, num_warps=1,
         )
-        newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, gd_final if gd_final is not None else dd0, dd0,
+        newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, tol, gd_final if gd_final is not None else dd0, dd0,
                                     offsets, H, K, BK=BK, DIAGONAL=True, REVERSE=True, HAS_D0=gd_final is not None,
                                     num_warps=1)
         if fixed_rounds is None and change.max().item() <= tol:
