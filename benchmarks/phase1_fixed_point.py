@@ -65,9 +65,9 @@ def chunk_fixed_point(d_in, a, b, r, n, eta, lo, hi, tol):
     raise RuntimeError("no fixed point after C + 1 sweeps")
 
 
-def study_inputs(T, K, apf, keys, seed):
+def study_inputs(T, K, apf, keys, seed, r_min=0.9):
     """One head's float64 phase-1 inputs: unit keys k [T, K] ("random", or "repeated": 32 directions reused, the
-    case phase 1 is for), β [T], r [T] (strong APF, r ∈ [0.9, 1], or ones), a = k², n = ‖k‖² + ε."""
+    case phase 1 is for), β [T], r [T] (APF, r ∈ [r_min, 1]: strong by default; or ones), a = k², n = ‖k‖² + ε."""
     gen = torch.Generator().manual_seed(seed)
     if keys == "random":
         k = torch.randn(T, K, generator=gen, dtype=torch.float64)
@@ -75,7 +75,8 @@ def study_inputs(T, K, apf, keys, seed):
         k = torch.randn(32, K, generator=gen, dtype=torch.float64)[torch.randint(0, 32, (T,), generator=gen)]
     k = torch.nn.functional.normalize(k, dim=-1)
     beta = torch.randn(T, generator=gen, dtype=torch.float64).sigmoid()
-    r = (0.9 + 0.1 * torch.rand(T, generator=gen, dtype=torch.float64)) if apf else torch.ones(T, dtype=torch.float64)
+    r = (r_min + (1 - r_min) * torch.rand(T, generator=gen, dtype=torch.float64)) if apf else \
+        torch.ones(T, dtype=torch.float64)
     return k, beta, r, k * k, (k * k).sum(-1) + EPS
 
 

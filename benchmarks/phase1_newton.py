@@ -21,6 +21,7 @@ g_c = 1 (d's initial value) and checks the result against osdn_ref's sequential 
     python benchmarks/phase1_newton.py                 # CPU, float64, about a minute
     python benchmarks/phase1_newton.py --T 16384 --seeds 1
     python benchmarks/phase1_newton.py --chunk 1 --methods newton --seeds 1   # Newton per token (DEER)
+    python benchmarks/phase1_newton.py --T 4096 --methods diagonal --r-min 0.99 --tol 1e-6   # as chunk_osdn runs it
 """
 from __future__ import annotations
 
@@ -80,8 +81,8 @@ def solve_chain(a, b, r, n, eta, lo, hi, jacobian, tol=1e-13, max_rounds=None):
 METHODS = {"newton": "full", "diagonal": "diagonal", "jacobi": None}
 
 
-def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5, methods=tuple(METHODS)):
-    k, beta, r, a, n = study_inputs(T, K, apf, keys, seed)
+def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5, methods=tuple(METHODS), r_min=0.9, tol=1e-13):
+    k, beta, r, a, n = study_inputs(T, K, apf, keys, seed, r_min)
     ref = preconditioner_scan(k[None, :, None], beta[None, :, None], eta=eta, r=r[None, :, None] if apf else None,
                               d_min=d_min, d_max=d_max).d[0, :, 0]
     assert T % C == 0, "T must be a multiple of the chunk size"
@@ -89,7 +90,8 @@ def study(T, K, eta, apf, keys, seed, C=64, d_min=2 / 3, d_max=1.5, methods=tupl
     by_chunk = lambda x: x.reshape(N, C, *x.shape[1:])  # noqa: E731
     out = {}
     for name in methods:
-        d, rounds = solve_chain(by_chunk(a), by_chunk(beta), by_chunk(r), by_chunk(n), eta, d_min, d_max, METHODS[name])
+        d, rounds = solve_chain(by_chunk(a), by_chunk(beta), by_chunk(r), by_chunk(n), eta, d_min, d_max, METHODS[name],
+                                tol=tol)
         out[name] = dict(rounds=rounds, err=(d.reshape(T, K) - ref).abs().max().item())
     out["clipped"] = ((ref <= d_min) | (ref >= d_max)).double().mean().item()
     return out
@@ -102,18 +104,22 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=2)
     ap.add_argument("--chunk", type=int, default=64, help="tokens per chunk (1: Newton per token, as DEER)")
     ap.add_argument("--methods", default="newton,diagonal,jacobi", help="comma-separated, of " + ",".join(METHODS))
+    ap.add_argument("--r-min", type=float, default=0.9, help="APF's r drawn from [r_min, 1] (bench_suite: 0.99)")
+    ap.add_argument("--tol", type=float, default=1e-13, help="relative change of the chunk starts that ends the rounds "
+                                                             "(osdn_fast's Newton kernels: 1e-6)")
     args = ap.parse_args(argv)
     methods = args.methods.split(",")
     C = args.chunk
-    print(f"T = {args.T} ({args.T // C} chunks of {C}), K = {args.K}, clip [2/3, 1.5], float64, guess d = 1; "
-          "rounds until the chunk starts stop changing, worst over seeds")
+    print(f"T = {args.T} ({args.T // C} chunks of {C}), K = {args.K}, clip [2/3, 1.5], float64, guess d = 1, APF r in "
+          f"[{args.r_min}, 1]; rounds until the chunk starts stop changing (relative {args.tol:g}), worst over seeds")
     print(f"{'keys':8s} {'eta':>6s} {'APF':>4s} " + "".join(f"{m:>9s}" for m in methods) + f" {'clipped':>8s} "
           + "".join(f"{'err ' + m:>15s}" for m in methods))
     for keys in ("random", "repeated"):
         for eta in (0.003, 0.1, 0.5):
             for apf in (False, True):
                 t = time.perf_counter()
-                runs = [study(args.T, args.K, eta, apf, keys, seed, C=C, methods=methods) for seed in range(args.seeds)]
+                runs = [study(args.T, args.K, eta, apf, keys, seed, C=C, methods=methods, r_min=args.r_min, tol=args.tol)
+                        for seed in range(args.seeds)]
                 worst = lambda m, f: max(run[m][f] for run in runs)  # noqa: E731
                 print(f"{keys:8s} {eta:6.3f} {'yes' if apf else 'no':>4s} "
                       + "".join(f"{worst(m, 'rounds'):9d}" for m in methods)
