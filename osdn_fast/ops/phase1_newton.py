@@ -39,6 +39,14 @@ def _chunk_span(cu_seqlens, chunk_indices, i_t, BT: tl.constexpr):
 
 
 @triton.jit
+def _chunk_tiles(cu_seqlens, chunk_indices, i_t, h, H, K, BK: tl.constexpr, BT: tl.constexpr):
+    """Chunk i_t's tokens [t0, t1), the key offsets and mask, and the offsets of its (chunk, head) state vector."""
+    t0, t1 = _chunk_span(cu_seqlens, chunk_indices, i_t, BT)
+    offs = tl.arange(0, BK)
+    return t0, t1, offs, offs < K, (i_t * H + h) * K + offs
+
+
+@triton.jit
 def _converged(change, n, h, H, tol):
     """Whether the chain of (sequence n, head h) moved no chunk start in the last round (`change` starts at +inf)."""
     return tl.load(change + n * H + h) <= tol
@@ -57,10 +65,7 @@ def newton_chunk_kernel(
     i_t, h = tl.program_id(0), tl.program_id(1)
     if _converged(change, tl.load(chunk_indices + i_t * 2), h, H, tol):
         return
-    t0, t1 = _chunk_span(cu_seqlens, chunk_indices, i_t, BT)
-    offs = tl.arange(0, BK)
-    mask = offs < K
-    state = (i_t * H + h) * K + offs
+    t0, t1, offs, mask, state = _chunk_tiles(cu_seqlens, chunk_indices, i_t, h, H, K, BK, BT)
     d = tl.load(guess + state, mask=mask, other=0.0)
     both = tl.maximum(offs[:, None], offs[None, :]) < K  # the [K, K] block of the [BK, BK] tile
     if DIAGONAL:
@@ -107,10 +112,7 @@ def newton_bwd_chunk_kernel(
     i_t, h = tl.program_id(0), tl.program_id(1)
     if _converged(change, tl.load(chunk_indices + i_t * 2), h, H, tol):
         return
-    t0, t1 = _chunk_span(cu_seqlens, chunk_indices, i_t, BT)
-    offs = tl.arange(0, BK)
-    mask = offs < K
-    state = (i_t * H + h) * K + offs
+    t0, t1, offs, mask, state = _chunk_tiles(cu_seqlens, chunk_indices, i_t, h, H, K, BK, BT)
     lam = tl.load(guess + state, mask=mask, other=0.0)
     jac = tl.where(mask, 1.0, 0.0)
     eta_h = tl.load(eta + h).to(tl.float32)
