@@ -184,7 +184,7 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
                 inv = dict(HAS_INV=solver == "blockwise")
                 rows += [usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb, **inv, STORE_L=False), warps),
                          usage(chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=False, C=C, BK=BK, PREC=prec,
-                                                                 **kb, STORE_KT=True, HAS_MIN=True, HAS_MAX=True),
+                                                                 **kb, STORE_KT=True, HAS_MIN=True, HAS_MAX=True, STORE_D=True),
                                warps),
                          usage(chk.phase1_chunk_bwd_prep_kernel, dict(tiled, **solve, **kb, **inv, FUSED=True), warps),
                          usage(chk.phase1_chunk_bwd_out_kernel, dict(tiled, **solve, **kb, FUSED=True), warps)]

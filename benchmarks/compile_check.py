@@ -50,7 +50,8 @@ def jobs(K, V, chunk_size=64):
     p1_options = dict(num_warps=phase1._seq_warps(BK1))
     for full in (True, False):  # every option on (clip, APF, β-aware, packed), then the plainest form
         flags = dict(HAS_R=full, BETA_AWARE=full, NORMALIZE=True, HAS_MIN=full, HAS_MAX=full, IS_VARLEN=full, BK=BK1)
-        out.append((phase1.phase1_fwd_seq_kernel, dict(flags, HAS_D0=full, STORE_KT=True, HAS_GUARD=full), (),
+        out.append((phase1.phase1_fwd_seq_kernel, dict(flags, HAS_D0=full, STORE_KT=True, HAS_GUARD=full,
+                                                        STORE_D=full), (),
                     p1_options))
         out.append((phase1.phase1_bwd_seq_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full, FUSED=full,
                                                         HAS_GUARD=full), (), p1_options))
@@ -84,7 +85,8 @@ def chunked_phase1_jobs(BK):
             (chk.phase1_chunk_prep_kernel, dict(tiled, HAS_INV=True, STORE_L=False), (), options),
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), options),
             (chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"],
-                                               KB=tiled["KB"], STORE_KT=True, HAS_MIN=True, HAS_MAX=True), (), options),
+                                               KB=tiled["KB"], STORE_KT=True, HAS_MIN=True, HAS_MAX=True,
+                                               STORE_D=True), (), options),
             (chk.phase1_chunk_bwd_prep_kernel, dict(tiled, HAS_INV=True, FUSED=True), (), options),
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), options),
             (chk.phase1_chunk_bwd_out_kernel, dict(tiled, FUSED=True), (), options)]

@@ -3,7 +3,8 @@
 For fla's test shapes (B, T, H, D) and packed variable-length sequences, in bfloat16 and float16, without a
 gate and with the GDN gate, with the clip and in bfloat16 also without it, it compares the output, both final
 states (S, d) and the gradient of every input (q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖,
-the reference running in float64 on the same device from the same rounded inputs. Thresholds: 0.006 for outputs and
+the reference running in float64 on the same device from the same rounded inputs, and checks that a forward
+without gradients (where phase 1 skips d_all) gives the same outputs and states bit for bit. Thresholds: 0.006 for outputs and
 states, 0.008 for gradients, and fla's tolerance for gate gradients, 0.02 (its gated delta rule tests hold dg and dβ
 to it), for the gradient of APF's retention r, a per-token gate: the one gradient that exceeded 0.008 (9.15e-3 at
 (1, 63, 1, 64), 63 values; the first validation with APF, 2026-11-29).
@@ -77,12 +78,16 @@ def make_case(B, T, H, D, dtype, gate, N, device, seed=0, apf=False):
     return x, [c.to(device, torch.float64) for c in cot]
 
 
+def forward(op, x, cu_seqlens, options):
+    """(o, S, d) of op on the inputs x."""
+    return op(x["q"], x["k"], x["v"], x["beta"], g=x["g"], r=x["r"], initial_state=(x["S0"], x["d0"]),
+              output_final_state=True, cu_seqlens=cu_seqlens, **options)
+
+
 def run(op, x, cot, cu_seqlens, options):
     """Forward, then the backward of Σ o·do + Σ S·dS + Σ d·dd; returns {name: result or gradient}."""
     leaves = {n: None if t is None else t.detach().clone().requires_grad_() for n, t in x.items()}
-    o, (S, d) = op(leaves["q"], leaves["k"], leaves["v"], leaves["beta"], g=leaves["g"], r=leaves["r"],
-                   initial_state=(leaves["S0"], leaves["d0"]), output_final_state=True, cu_seqlens=cu_seqlens,
-                   **options)
+    o, (S, d) = forward(op, leaves, cu_seqlens, options)
     ((o.double() * cot[0]).sum() + (S.double() * cot[1]).sum() + (d.double() * cot[2]).sum()).backward()
     out = {"o": o, "S": S, "d": d}
     out.update({f"d{n}": t.grad for n, t in leaves.items() if t is not None})
@@ -110,6 +115,9 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     x, cot = make_case(B, T, H, D, dtype, gate, N, device, apf=apf)
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
     fast = run(osdn_fast.chunk_osdn, x, cot, cu_t, options)
+    with torch.no_grad():  # a forward that no backward follows (phase 1 then skips d_all): the same results
+        o, (S, d) = forward(osdn_fast.chunk_osdn, x, cu_t, options)
+    without_grad = {"o": o, "S": S, "d": d}
     ref = run(osdn_ref.chunk_osdn, {n: None if t is None else t.double() for n, t in x.items()}, cot,
               None if cu is None else cu_t.long(), options)
     rows = []
@@ -122,6 +130,9 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
                          dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none",
                          clip="d_min" in options, eta=options["eta"], apf=apf, phase1=phase1, name=name,
                          kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold)))
+        if kind == "output":
+            rows[-1]["same_without_grad"] = bool(torch.equal(without_grad[name], fast[name].detach()))
+            rows[-1]["ok"] &= rows[-1]["same_without_grad"]
     return rows
 
 

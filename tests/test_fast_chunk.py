@@ -153,6 +153,30 @@ def test_newton_phase1_forward_and_backward(rounds, monkeypatch):
     compare(tensors, dict(d_min=0.6, d_max=1.5), 64)
 
 
+@pytest.mark.parametrize("eta, r, clip, form", [(0.5, False, False, "sequential"), (0.5, False, False, "chunked"),
+                                                (0.01, False, True, "speculative"), (2.0, False, True, "speculative"),
+                                                (0.5, True, True, "newton")])
+def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
+    """When no input needs a gradient, phase 1 does not write d_all (only the backward reads it), in every form,
+    the speculation's redo included; the op's results are bitwise those of a call that keeps it for a backward."""
+    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 10**9 if form == "sequential" else 1)
+    _, (q, k, v, beta) = make_tensors(6, 2, 150, 2, 8, 8, torch.float32)
+    q, k, v, beta = (x.to(DEVICE) for x in (q, k, v, beta))
+    rr = torch.full(beta.shape, 0.95, device=DEVICE) if r else None
+    eta_h = torch.full((2,), eta, device=DEVICE)
+    p1 = dict(d_min=0.9 if clip else None, d_max=1.1 if clip else None, beta_aware=True, normalize=True)
+    kept = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    skipped = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1, store_d=False)
+    assert kept[0] == skipped[0] == form and kept[1] is not None and skipped[1] is None
+    for a, b in zip(kept[2:], skipped[2:]):  # d_final, k̃, and the speculation's flag
+        assert (a is None and b is None) or torch.equal(a, b)
+    options = dict(eta=eta, r=rr, d_min=p1["d_min"], d_max=p1["d_max"], output_final_state=True)
+    o1, (S1, d1) = osdn_fast.chunk_osdn(q, k, v, beta.requires_grad_(), **options)
+    with torch.no_grad():
+        o2, (S2, d2) = osdn_fast.chunk_osdn(q, k, v, beta, **options)
+    assert torch.equal(o1, o2) and torch.equal(S1, S2) and torch.equal(d1, d2)
+
+
 @settings(max_examples=10)
 @given(lengths=st.lists(st.integers(1, 40), min_size=1, max_size=4), gate=st.booleans(), states=st.booleans(),
        K=st.sampled_from([4, 16, 20]), V=st.sampled_from([3, 16]), seed=st.integers(0, 2**31 - 1))

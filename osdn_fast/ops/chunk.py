@@ -101,32 +101,34 @@ def phase1_form(T_mean: float, r, d_min, d_max) -> str:
     return "newton" if r is not None and d_min is not None else "chunked"
 
 
-def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1):
+def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`). "newton" runs a fixed number of
     quasi-Newton rounds across chunks, then the sequential scan behind them, guarded to run only if they did not
     converge; its backward is the same in reverse (`phase1_bwd_newton_guarded`). The chunk form runs without the
     clip and flags (`outside`, int32 [1] on the device) any d that leaves [d_min, d_max]: the clip would have
     acted there, so the sequential scan, launched behind it, then redoes the call in place; otherwise its programs
     return at once. The host learns which happened only in the backward (`clip_acted`): no synchronisation here.
-    form: "sequential", "newton", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides)."""
+    form: "sequential", "newton", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides).
+    Without `store_d` (no backward will follow) d_all is not written and comes back None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
     if form == "sequential":
-        return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, **p1), None
+        return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
+                                     **p1), None
     if form == "newton":  # PHASE1_NEWTON's rounds without a host synchronisation; the guarded scan if unconverged
         d_all, d_final, kt, unconverged = phase1_fwd_newton(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,
-                                                            **p1, **PHASE1_NEWTON)
+                                                            store_d=store_d, **p1, **PHASE1_NEWTON)
         phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
-                       only_if=unconverged, **p1)
+                       only_if=unconverged, store_d=store_d, **p1)
         return form, d_all, d_final, kt, None
     clipped = p1["d_min"] is not None or p1["d_max"] is not None
     d_all, d_final, kt, outside = phase1_fwd_chunk(
         k, beta, r, d0, eta, beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens,
-        store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None, **PHASE1_CHUNKED)
+        store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None, store_d=store_d, **PHASE1_CHUNKED)
     if not clipped:
         return form, d_all, d_final, kt, None
     phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
-                   only_if=outside, **p1)
+                   only_if=outside, store_d=store_d, **p1)
     return "speculative", d_all, d_final, kt, outside
 
 
@@ -175,7 +177,8 @@ class ChunkOSDN(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
         B, T = k.shape[:2]
-        ctx.p1_form, d_all, d_final, kt, outside = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1)
+        backward = any(ctx.needs_input_grad)  # else d_all, which only the backward reads, is not written
+        ctx.p1_form, d_all, d_final, kt, outside = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=backward)
         ctx.p1_flag = ClipFlag(outside) if outside is not None else None
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)

@@ -75,11 +75,13 @@ def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWAR
 @triton.jit
 def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_min, d_max,
               HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
-              HAS_MAX: tl.constexpr, STORE_KT: tl.constexpr):
-    """Token t's step: stores d_t (and k̃_t = d_t ⊙ k_t), returns d_{t+1}; d unchanged when not ok."""
+              HAS_MAX: tl.constexpr, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
+    """Token t's step: stores d_t (if STORE_D) and k̃_t = d_t ⊙ k_t (if STORE_KT), returns d_{t+1}; d unchanged
+    when not ok."""
     row = (t * H + h) * K + offs
     m = offs < tl.where(ok, K, 0)  # mask & ok (the interpreter's & of a broadcast mask is not a mask)
-    tl.store(d_all + row, d, mask=m)
+    if STORE_D:
+        tl.store(d_all + row, d, mask=m)
     kt = kt.to(tl.float32)
     if STORE_KT:
         tl.store(kt_out + row, d * kt, mask=m)
@@ -97,12 +99,13 @@ def phase1_fwd_seq_kernel(
     T, H, K, eps, d_min, d_max, guard,
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
-    STORE_KT: tl.constexpr, HAS_GUARD: tl.constexpr,
+    STORE_KT: tl.constexpr, HAS_GUARD: tl.constexpr, STORE_D: tl.constexpr,
 ):
     """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token, four tokens
     per loop iteration. Each token's inputs live in their own slot (1-4), reloaded with token t + 4 right after
     token t's step: a load has four steps to arrive, and no register is copied from slot to slot (a copy of a
-    pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype).
+    pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype); without
+    STORE_D, d_t itself is not stored (a forward that no backward follows).
     HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero."""
     if HAS_GUARD:
         if tl.load(guard) == 0:
@@ -126,16 +129,16 @@ def phase1_fwd_seq_kernel(
     k4, b4, r4 = _load_token(*src, bos + 3, bos + 3 < eos, *loc, HAS_R, BETA_AWARE)
     for t in range(bos, eos, 4):
         d = _fwd_step(d, k1, b1, r1, t, t < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
         k1, b1, r1 = _load_token(*src, t + 4, t + 4 < eos, *loc, HAS_R, BETA_AWARE)
         d = _fwd_step(d, k2, b2, r2, t + 1, t + 1 < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
         k2, b2, r2 = _load_token(*src, t + 5, t + 5 < eos, *loc, HAS_R, BETA_AWARE)
         d = _fwd_step(d, k3, b3, r3, t + 2, t + 2 < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
         k3, b3, r3 = _load_token(*src, t + 6, t + 6 < eos, *loc, HAS_R, BETA_AWARE)
         d = _fwd_step(d, k4, b4, r4, t + 3, t + 3 < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT)
+                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
         k4, b4, r4 = _load_token(*src, t + 7, t + 7 < eos, *loc, HAS_R, BETA_AWARE)
     tl.store(d_final + (n * H + h) * K + offs, d, mask=mask)
 
@@ -270,13 +273,14 @@ def _seq_warps(BK: int) -> int:
 
 
 def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
-                   out=None, only_if=None):
-    """Sequential forward: (d_all [B, T, H, K] float32, d_final [N, H, K] float32, k̃ = d ⊙ k in k's dtype or
-    None without `store_kt`), written into `out` = (d_all, d_final, k̃) if given. With `only_if` (an int32 [1] on
-    the device) the scan runs only if it is nonzero, decided on the device: no host synchronisation."""
+                   out=None, only_if=None, store_d=True):
+    """Sequential forward: (d_all [B, T, H, K] float32, or None without `store_d`, d_final [N, H, K] float32,
+    k̃ = d ⊙ k in k's dtype or None without `store_kt`), written into `out` = (d_all, d_final, k̃) if given. With
+    `only_if` (an int32 [1] on the device) the scan runs only if it is nonzero, decided on the device: no host
+    synchronisation."""
     return launch_fwd(phase1_fwd_seq_kernel, k, beta, r, d0, eta, d_min=d_min, d_max=d_max, beta_aware=beta_aware,
-                      normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt, out=out,
-                      guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None,
+                      normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt, out=out, store_d=store_d,
+                      guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None, STORE_D=store_d,
                       num_warps=_seq_warps(block_k(k.shape[3])))
 
 

@@ -229,10 +229,11 @@ def phase1_chunk_out_kernel(
     k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all, kt_out, outside,
     T, H, K, d_min, d_max,
     HAS_R: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr, STORE_KT: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr,
+    KB: tl.constexpr, STORE_KT: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, STORE_D: tl.constexpr,
 ):
-    """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j, in blocks of KB channels. STORE_KT also
-    writes k̃ = d ⊙ k (k's dtype); HAS_MIN / HAS_MAX set `outside` to 1 if any d_t leaves [d_min, d_max]."""
+    """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j, in blocks of KB channels, stored if
+    STORE_D. STORE_KT also writes k̃ = d ⊙ k (k's dtype); HAS_MIN / HAS_MAX set `outside` to 1 if any d_t leaves
+    [d_min, d_max]."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -251,7 +252,8 @@ def phase1_chunk_out_kernel(
         kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
         x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
         d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kb * kb, input_precision=PREC)
-        tl.store(d_all + ptr, d, mask=m2)
+        if STORE_D:
+            tl.store(d_all + ptr, d, mask=m2)
         if STORE_KT:
             tl.store(kt_out + ptr, (d * kb).to(kt_out.dtype.element_ty), mask=m2)
         if HAS_MIN:
@@ -487,8 +489,9 @@ def _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) -> tor
 
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
                      chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
-                     store_kt: bool = False, bounds: tuple | None = None):
-    """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32, d_final [N, H, K] float32), and with
+                     store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True):
+    """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K]
+    float32), and with
     `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
     d_t or final d of the unclipped scan leaves bounds = (d_min, d_max), or None). When `outside` is 0 the clip
     never acts, so the unclipped result is the clipped scan's exactly."""
@@ -504,7 +507,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     u0 = torch.empty(B, T, H, **f32)
     u = torch.empty(B, T, H, **f32)
     x0 = torch.empty(NC, H, K, **f32)
-    d_all = torch.empty(B, T, H, K, **f32)
+    d_all = torch.empty(B, T, H, K, **f32) if store_d else None
     d_final = torch.empty(N, H, K, **f32)
     r_ = r if r is not None else beta
     cu = cu_seqlens if cu_seqlens is not None else k
@@ -525,9 +528,10 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     kt = torch.empty_like(k) if store_kt else None
     outside = torch.zeros(1, dtype=torch.int32, device=k.device) if bounds is not None else None
     phase1_chunk_out_kernel[(NC, H)](
-        k, r_, seq, start, cu, u, x0, d_all, kt if store_kt else d_all, outside if bounds is not None else u,
-        T, H, K, 0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi), **flags, PREC=precision,
-        KB=_k_block(C, BK), STORE_KT=store_kt, HAS_MIN=lo is not None, HAS_MAX=hi is not None,
+        k, r_, seq, start, cu, u, x0, d_all if store_d else u, kt if store_kt else u,
+        outside if bounds is not None else u, T, H, K, 0.0 if lo is None else float(lo),
+        0.0 if hi is None else float(hi), **flags, PREC=precision, KB=_k_block(C, BK), STORE_KT=store_kt,
+        HAS_MIN=lo is not None, HAS_MAX=hi is not None, STORE_D=store_d,
         num_warps=_tile_warps(C, BK),
     )
     if not store_kt and bounds is None:

@@ -37,18 +37,20 @@ def _common(k, r, d_min, d_max, beta_aware, normalize, cu_seqlens):
 
 
 def launch_fwd(kernel, k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt, out=None,
-               **launch):
-    """(d_all [B, T, H, K] float32, d_final [N, H, K] float32, k̃ = d ⊙ k in k's dtype or None without
-    `store_kt`), new or `out`; `launch` holds the family's own arguments, constexprs and launch options."""
+               store_d=True, **launch):
+    """(d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K] float32, k̃ = d ⊙ k in k's dtype
+    or None without `store_kt`), new or `out`; `launch` holds the family's own arguments, constexprs and launch
+    options (a kernel that can skip d_all takes STORE_D there)."""
     N, H, scalars, flags = _common(k, r, d_min, d_max, beta_aware, normalize, cu_seqlens)
     if out is not None:
         d_all, d_final, kt = out
     else:
-        d_all = torch.empty(k.shape, dtype=torch.float32, device=k.device)
+        d_all = torch.empty(k.shape, dtype=torch.float32, device=k.device) if store_d else None
         d_final = torch.empty(N, H, k.shape[3], dtype=torch.float32, device=k.device)
         kt = torch.empty_like(k) if store_kt else None
     kernel[(N, H)](
-        k, beta, r if r is not None else beta, d0 if d0 is not None else d_final, eta, d_all, d_final,
+        k, beta, r if r is not None else beta, d0 if d0 is not None else d_final, eta,
+        d_all if d_all is not None else d_final, d_final,
         kt if store_kt else d_final, cu_seqlens if cu_seqlens is not None else d_final, *scalars,
         HAS_D0=d0 is not None, STORE_KT=store_kt, **flags, **launch,
     )

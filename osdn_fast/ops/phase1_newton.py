@@ -58,8 +58,10 @@ def newton_chunk_kernel(
     H, K, eps, d_min, d_max,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
     HAS_MAX: tl.constexpr, BK: tl.constexpr, BT: tl.constexpr, STORE_KT: tl.constexpr, DIAGONAL: tl.constexpr,
+    STORE_D: tl.constexpr = True,
 ):
-    """Chunk i_t, head h, from d = guess[i_t, h]: stores d_t (and k̃_t) of its tokens, F = the d leaving it, and
+    """Chunk i_t, head h, from d = guess[i_t, h]: stores d_t (if STORE_D) and k̃_t (if STORE_KT) of its tokens,
+    F = the d leaving it, and
     J [K, K] = ∂F/∂guess (row: coordinate of F, column: coordinate of the guess), or with DIAGONAL only
     J [K] = Π_t keep_t r_t, the Jacobian without its rank-one terms (O(K) per token instead of O(K²))."""
     i_t, h = tl.program_id(0), tl.program_id(1)
@@ -76,7 +78,8 @@ def newton_chunk_kernel(
     for t in range(t0, t1):
         kt, b, rt = _load_token(k, beta, r, t, t < t1, h, H, K, offs, HAS_R, BETA_AWARE)
         row = (t * H + h) * K + offs
-        tl.store(d_all + row, d, mask=mask)
+        if STORE_D:
+            tl.store(d_all + row, d, mask=mask)
         kt = kt.to(tl.float32)
         if STORE_KT:
             tl.store(kt_out + row, d * kt, mask=mask)
@@ -193,7 +196,7 @@ def _chunk_setup(k, cu_seqlens, chunk_size, fixed_rounds):
 
 
 def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
-                      chunk_size=64, tol=1e-6, jacobian="dense", fixed_rounds=None):
+                      chunk_size=64, tol=1e-6, jacobian="dense", fixed_rounds=None, store_d=True):
     """The forward of phase1.phase1_fwd_seq (same arguments and results, plus a fourth), across chunks by Newton's
     method ("dense": the chunk Jacobian; "diagonal": its diagonal part Π keep_t r_t only, a quasi-Newton method
     with the same fixed point, linear rather than quadratic convergence). Without `fixed_rounds`: rounds until no
@@ -212,7 +215,7 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
     guess = start[indices[:, 0].long()].contiguous()  # every chunk starts from its sequence's d_0
     new_guess, F = torch.empty_like(guess), torch.empty_like(guess)
     J = torch.empty(NT, H, K, **f32) if diagonal else torch.empty(NT, H, K, K, **f32)
-    d_all = torch.empty(B, T, H, K, **f32)
+    d_all = torch.empty(B, T, H, K, **f32) if store_d else None
     d_final = torch.empty(N, H, K, **f32)
     change = torch.full((N, H), float("inf"), **f32)  # no chain has converged before the first round
     kt = torch.empty_like(k) if store_kt else None
@@ -220,9 +223,11 @@ def phase1_fwd_newton(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normaliz
                  HAS_MAX=d_max is not None, BK=BK)
     for rounds in range(1, rounds_cap + 1):
         newton_chunk_kernel[(NT, H)](
-            k, beta, r if r is not None else beta, eta, guess, d_all, kt if store_kt else d_all, F, J, cu, indices,
+            k, beta, r if r is not None else beta, eta, guess, d_all if store_d else F, kt if store_kt else F, F, J,
+            cu, indices,
             change, tol, H, K, EPS, 0.0 if d_min is None else float(d_min), 0.0 if d_max is None else float(d_max),
-            BT=chunk_size, STORE_KT=store_kt, DIAGONAL=diagonal, **flags, num_warps=1 if diagonal else 4,
+            BT=chunk_size, STORE_KT=store_kt, DIAGONAL=diagonal, STORE_D=store_d, **flags,
+            num_warps=1 if diagonal else 4,
         )
         newton_chain_kernel[(N, H)](guess, F, J, new_guess, change, tol, start, d_final, offsets, H, K, BK=BK,
                                     DIAGONAL=diagonal, num_warps=1 if diagonal else 4)
