@@ -10,6 +10,7 @@ Writes profile_phase2.json and tuning.json (the best setting per stage) into --o
 the committed settings. The best goes into osdn_fast/ops/tuning.py by hand, after validate_gpu.py has run with it:
 
     python benchmarks/profile_phase2.py --out $OUT                     # on the GPU, about 3-5 minutes cold
+    python benchmarks/profile_phase2.py --out $OUT --shape 1x16384x16x128 --stages state_fwd,state_bwd  # long T
     python benchmarks/validate_gpu.py --out $OUT --tuning $OUT/tuning.json
 """
 from __future__ import annotations
@@ -169,7 +170,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep-budget", type=float, default=240.0, help="seconds for the sweep (0: no sweep)")
+    ap.add_argument("--shape", default="x".join(map(str, SHAPE)), help="BxTxHxD (default: the tuning shape)")
+    ap.add_argument("--stages", help="comma-separated phase-2 stages to sweep (default: all), e.g. state_fwd,state_bwd")
     args = ap.parse_args(argv)
+    shape = tuple(int(n) for n in args.shape.split("x"))
     import triton
 
     import osdn_fast
@@ -179,13 +183,13 @@ def main(argv=None):
         from fla.ops.delta_rule import chunk_delta_rule as fla
     except ImportError:
         fla = None
-    B, T, H, D = SHAPE
+    B, T, H, D = shape
     x = inputs(B, T, H, D, "cuda")
     do = torch.randn_like(x["v"])
     osdn_fwd = lambda: osdn_fast.chunk_osdn(x["q"], x["k"], x["v"], x["beta"], **OPTIONS)[0]  # noqa: E731
     result = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
-                  fla="missing" if fla is None else "0.6.0", shape=SHAPE, options=OPTIONS,
+                  fla="missing" if fla is None else "0.6.0", shape=shape, options=OPTIONS,
                   committed_tuning=copy.deepcopy(tuning.TUNING))
     print("committed TUNING, whole op:", flush=True)
     result["committed"] = whole_op(x, fla)
@@ -204,7 +208,13 @@ def main(argv=None):
     if args.sweep_budget <= 0:
         return
     print("sweep:", flush=True)
-    result["sweep"], result["best"], result["sweep_fault"] = sweep(stage_calls(x, B, T, H, D), args.sweep_budget)
+    calls = stage_calls(x, B, T, H, D)
+    if args.stages:
+        unknown = set(args.stages.split(",")) - set(calls)
+        if unknown:
+            ap.error(f"--stages: unknown {sorted(unknown)}")
+        calls = {name: call for name, call in calls.items() if name in args.stages.split(",")}
+    result["sweep"], result["best"], result["sweep_fault"] = sweep(calls, args.sweep_budget)
     save(args.out, "profile_phase2.json", result)
     if result["sweep_fault"]:
         print(f"sweep stopped: illegal memory access at {result['sweep_fault']}; no tuned run", flush=True)
