@@ -73,13 +73,11 @@ def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWAR
 
 
 @triton.jit
-def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_min, d_max,
-              HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
-              HAS_MAX: tl.constexpr, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
-    """Token t's step: stores d_t (if STORE_D) and k̃_t = d_t ⊙ k_t (if STORE_KT), returns d_{t+1}; d unchanged
-    when not ok."""
-    row = (t * H + h) * K + offs
-    m = offs < tl.where(ok, K, 0)  # mask & ok (the interpreter's & of a broadcast mask is not a mask)
+def _store_and_update(d, kt, b, rt, row, m, d_all, kt_out, eta_h, eps, d_min, d_max, mask,
+                      HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
+                      HAS_MAX: tl.constexpr, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
+    """One token of the forward: stores d_t (if STORE_D) and k̃_t = d_t ⊙ k_t (if STORE_KT) at `row` where m, then
+    the clipped update: (d_{t+1}, keep, c, a = k_t²) as _clipped_update gives them."""
     if STORE_D:
         tl.store(d_all + row, d, mask=m)
     kt = kt.to(tl.float32)
@@ -89,7 +87,19 @@ def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_m
         b = b.to(tl.float32)
     if HAS_R:
         rt = rt.to(tl.float32)
-    z, _, _ = _clipped_update(d, kt * kt, b, rt, eta_h, eps, d_min, d_max, offs < K, NORMALIZE, HAS_MIN, HAS_MAX)
+    a = kt * kt
+    z, keep, c = _clipped_update(d, a, b, rt, eta_h, eps, d_min, d_max, mask, NORMALIZE, HAS_MIN, HAS_MAX)
+    return z, keep, c, a
+
+
+@triton.jit
+def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_min, d_max,
+              HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
+              HAS_MAX: tl.constexpr, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
+    """Token t's step of the scan: returns d_{t+1}, d unchanged when not ok."""
+    m = offs < tl.where(ok, K, 0)  # mask & ok (the interpreter's & of a broadcast mask is not a mask)
+    z, _, _, _ = _store_and_update(d, kt, b, rt, (t * H + h) * K + offs, m, d_all, kt_out, eta_h, eps, d_min, d_max,
+                                   offs < K, HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
     return tl.where(ok, z, d)
 
 

@@ -25,7 +25,7 @@ import triton.language as tl
 from osdn_ref import EPS
 
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
-from .phase1 import _bwd_step, _clipped_update, _load_token, _load_token_bwd
+from .phase1 import _bwd_step, _clipped_update, _load_token, _load_token_bwd, _store_and_update
 from .phase1_launch import block_k
 
 
@@ -77,18 +77,11 @@ def newton_chunk_kernel(
     eta_h = tl.load(eta + h).to(tl.float32)
     for t in range(t0, t1):
         kt, b, rt = _load_token(k, beta, r, t, t < t1, h, H, K, offs, HAS_R, BETA_AWARE)
-        row = (t * H + h) * K + offs
-        if STORE_D:
-            tl.store(d_all + row, d, mask=mask)
-        kt = kt.to(tl.float32)
-        if STORE_KT:
-            tl.store(kt_out + row, d * kt, mask=mask)
-        if BETA_AWARE:
-            b = b.to(tl.float32)
+        z, keep, c, a = _store_and_update(d, kt, b, rt, (t * H + h) * K + offs, mask, d_all, kt_out, eta_h, eps,
+                                          d_min, d_max, mask, HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX,
+                                          STORE_KT, STORE_D)
         if HAS_R:
             rt = rt.to(tl.float32)
-        a = kt * kt
-        z, keep, c = _clipped_update(d, a, b, rt, eta_h, eps, d_min, d_max, mask, NORMALIZE, HAS_MIN, HAS_MAX)
         if DIAGONAL:
             jac = tl.where(keep, rt * jac, 0.0)
         else:
