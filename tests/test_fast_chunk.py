@@ -171,10 +171,15 @@ def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     for a, b in zip(kept[2:], skipped[2:]):  # d_final, k̃, and the speculation's flag
         assert (a is None and b is None) or torch.equal(a, b)
     options = dict(eta=eta, r=rr, d_min=p1["d_min"], d_max=p1["d_max"], output_final_state=True)
+    asked = []
+    phase1_fwd = chunk_ops.phase1_fwd
+    monkeypatch.setattr(chunk_ops, "phase1_fwd", lambda *a, store_d: asked.append(store_d) or phase1_fwd(*a, store_d))
     o1, (S1, d1) = osdn_fast.chunk_osdn(q, k, v, beta.requires_grad_(), **options)
-    with torch.no_grad():
+    with torch.no_grad():  # beta still requires grad: torch.no_grad decides
         o2, (S2, d2) = osdn_fast.chunk_osdn(q, k, v, beta, **options)
-    assert torch.equal(o1, o2) and torch.equal(S1, S2) and torch.equal(d1, d2)
+    o3, _ = osdn_fast.chunk_osdn(q, k, v, beta.detach(), **options)  # nothing requires grad
+    assert asked == [True, False, False]
+    assert torch.equal(o1, o2) and torch.equal(S1, S2) and torch.equal(d1, d2) and torch.equal(o1, o3)
 
 
 @settings(max_examples=10)

@@ -175,10 +175,10 @@ class ChunkOSDN(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size):
+    def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size,
+                store_d):
         B, T = k.shape[:2]
-        backward = any(ctx.needs_input_grad)  # else d_all, which only the backward reads, is not written
-        ctx.p1_form, d_all, d_final, kt, outside = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=backward)
+        ctx.p1_form, d_all, d_final, kt, outside = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=store_d)
         ctx.p1_flag = ClipFlag(outside) if outside is not None else None
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
@@ -218,7 +218,7 @@ class ChunkOSDN(torch.autograd.Function):
         shaped = lambda x, ref: None if x is None else x.reshape(ref.shape).to(ref.dtype)  # noqa: E731
         return (shaped(dq, q), dk, shaped(dv, v), dbeta, None if g is None else dg.reshape(g.shape),
                 None if r is None else dr.to(r.dtype), None if S0 is None else dS0,
-                None if d0 is None else dd0.to(d0.dtype), deta.sum(0), None, None, None, None, None)
+                None if d0 is None else dd0.to(d0.dtype), deta.sum(0), None, None, None, None, None, None)
 
 
 def _check_runtime(q: torch.Tensor, chunk_size: int) -> None:
@@ -255,9 +255,13 @@ def chunk_osdn(q, k, v, beta, *, eta, g=None, r=None, scale=None, initial_state=
         eta = torch.full((H,), float(eta), dtype=torch.float32, device=q.device)
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
     p1 = dict(d_min=d_min, d_max=d_max, beta_aware=beta_aware, normalize=normalize)
+    # d_all is read by the backward only: a call that autograd will not differentiate does not write it (inside
+    # the Function, grad mode is off and needs_input_grad ignores torch.no_grad, so the choice is made here)
+    store_d = torch.is_grad_enabled() and any(x is not None and x.requires_grad
+                                              for x in (q, k, v, beta, g, r, S0, d0, eta))
     o, S, d_final = ChunkOSDN.apply(
         q.contiguous(), k.contiguous(), v.contiguous(), beta.contiguous(), contig(g), contig(r),
         None if S0 is None else S0.float().contiguous(), contig(d0), eta,
         None if cu_seqlens is None else cu_seqlens.to(torch.int32).contiguous(), p1, scale, output_final_state,
-        chunk_size)
+        chunk_size, store_d)
     return o, ((S, d_final) if output_final_state else None)
