@@ -10,6 +10,7 @@
 #   STEPS="validate pytest phase1" bash benchmarks/gpu_session.sh    # a new phase-1 form: checks, then its timings
 #   STEPS=pytest PYTEST_TESTS=tests/test_fast_chunk.py PYTEST_K="newton or speculates" bash benchmarks/gpu_session.sh
 #   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
+#   STEPS=profile SWEEP_S=60 PROFILE_ARGS="--shape 1x16384x16x128 --stages state_fwd,state_bwd" bash benchmarks/gpu_session.sh
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -32,6 +33,6 @@ has pytest && step pytest "${PYTEST_S:-150}" python3 -m pytest -q -x -p no:cache
 has phase1 && step phase1 "${PHASE1_S:-120}" python3 benchmarks/bench_phase1.py --out "$OUT/phase1_bench.json" \
     --newton --chunk-sizes 64 --solvers blockwise --precisions tf32
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
-has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}"
+has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}" ${PROFILE_ARGS:-}
 rm -f "$OUT/tuning.json"  # a sweep's pick is read from profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80
