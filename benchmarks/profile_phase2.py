@@ -120,6 +120,8 @@ def sweep(calls, budget_s):
             if "BV" in committed[stage]:
                 cfg["BV"] = bv
             TUNING[stage] = cfg
+            if stage + "_few" in committed:  # whichever entry chain_launch picks at this shape
+                TUNING[stage + "_few"] = cfg
             try:
                 ms = float(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
                 torch.cuda.synchronize()
@@ -128,9 +130,9 @@ def sweep(calls, budget_s):
             results[stage].append(dict(cfg, ms=ms))
             print(f"  {stage:17s} {cfg}  {ms:.4f} ms", flush=True)
             if "illegal" in cfg.get("error", ""):  # the CUDA context is lost: nothing after this can run
-                TUNING[stage] = committed[stage]
+                TUNING.update(committed)
                 return results, {}, f"{stage} {cfg}"
-        TUNING[stage] = committed[stage]
+        TUNING.update(committed)
     best = {}
     for stage, rows in results.items():
         ok = [r for r in rows if r["ms"] == r["ms"]]
@@ -220,7 +222,8 @@ def main(argv=None):
         print(f"sweep stopped: illegal memory access at {result['sweep_fault']}; no tuned run", flush=True)
         return
     print("best:", json.dumps(result["best"]), flush=True)
-    tuning.TUNING.update(result["best"])
+    for stage, cfg in result["best"].items():  # the chain stages: both entries, whichever this shape takes
+        tuning.TUNING.update({name: cfg for name in (stage, stage + "_few") if name in tuning.TUNING})
     print("best TUNING, whole op:", flush=True)
     result["tuned"] = whole_op(x, fla)
     save(args.out, "profile_phase2.json", result)

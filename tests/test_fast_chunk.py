@@ -206,6 +206,23 @@ def test_wide_heads_match_reference():
     compare(tensors, {}, 32)
 
 
+def test_state_chain_few_launch(monkeypatch):
+    """With few sequence-heads the state chain takes half-width value tiles (common.chain_launch: on the H200,
+    132 SMs, at (1, 16384, 16, 128) but not at (8, 2048, 16, 128)); forced here, the op still matches float64."""
+    from osdn_fast.ops import common
+
+    monkeypatch.setattr(common, "sm_count", lambda device: 132)
+    cpu = torch.device("cpu")
+    assert common.chain_launch("state_fwd", 128, 64, 128, 16, cpu) == (32, dict(num_warps=4, num_stages=3))
+    assert common.chain_launch("state_bwd", 128, 64, 128, 33, cpu)[0] == 32  # 2 · 33 · 2 tiles = 132
+    assert common.chain_launch("state_bwd", 128, 64, 128, 34, cpu)[0] == 64  # 136 > 132
+    assert common.chain_launch("state_bwd", 128, 64, 128, 128, cpu) == (64, dict(num_warps=4, num_stages=1))
+    gen, (q, k, v, beta) = make_tensors(5, 2, 40, 1, 80, 70, torch.float64)  # 3 value tiles of 32
+    tensors = dict(q=q, k=k, v=v, beta=beta, eta=0.3, g=-0.2 * torch.rand(2, 40, 1, generator=gen, dtype=torch.float64),
+                   r=None, S0=torch.randn(2, 1, 80, 70, generator=gen, dtype=torch.float64), d0=None)
+    compare(tensors, {}, 32)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_inputs(dtype):
     """bfloat16 / float16 in, float32 state and accumulation: close to the float64 reference."""

@@ -7,8 +7,10 @@ running state and everything elementwise stay in float32.
 """
 from __future__ import annotations
 
+import functools
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -98,3 +100,19 @@ def launch(stage: str, BK: int, BV: int) -> tuple[int, dict]:
     bv = min(cfg.get("BV") or BV, BV)
     warps = max(cfg["num_warps"], 8) if BK > 128 and stage != "solve" else cfg["num_warps"]
     return bv, dict(num_warps=warps, num_stages=cfg["num_stages"])
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device (0 elsewhere: the interpreter has no occupancy to fill)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def chain_launch(stage: str, BK: int, BV: int, V: int, seq_heads: int, device: torch.device) -> tuple[int, dict]:
+    """launch() for a state-chain stage, one program per (value tile, sequence, head) walking all its chunks.
+    With few sequence-heads (long T, small batch) the chain's latency is the time: when even half-width value
+    tiles leave each program an SM of its own, TUNING's `<stage>_few` entry (narrower tile, deeper pipeline)."""
+    bv, opts = launch(stage, BK, BV)
+    if stage + "_few" in TUNING and 2 * seq_heads * triton.cdiv(V, bv) <= sm_count(device):
+        return launch(stage + "_few", BK, BV)
+    return bv, opts

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import launch, load_gate, load_state, load_tile, load_tile_t, mm, store_state, store_tile
+from .common import chain_launch, load_gate, load_state, load_tile, load_tile_t, mm, store_state, store_tile
 
 
 @triton.jit
@@ -110,7 +110,7 @@ def state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, n_chunks, chunk_size, 
     h = torch.empty(n_chunks, H, K, V, **like)
     ubar = torch.empty(1, T, H, V, **like)
     S_final = torch.empty(N, H, K, V, dtype=torch.float32, device=w.device) if output_final_state else None
-    BV, opts = launch("state_fwd", BK, BV)
+    BV, opts = chain_launch("state_fwd", BK, BV, V, N * H, w.device)
     state_fwd_kernel[(triton.cdiv(V, BV), N * H)](
         w, u, kt, G, S0, h, ubar, S_final, cu_seqlens, chunk_offsets, H,
         K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_S0=S0 is not None,
@@ -127,7 +127,7 @@ def state_bwd(q, kt, w, G, do, du_local, dS_final, scale, cu_seqlens, chunk_offs
     dh = torch.empty(n_chunks, H, K, V, **like)
     du = torch.empty(1, T, H, V, **like)
     dS0 = torch.empty(N, H, K, V, dtype=torch.float32, device=q.device)
-    BV, opts = launch("state_bwd", BK, BV)
+    BV, opts = chain_launch("state_bwd", BK, BV, V, N * H, q.device)
     state_bwd_kernel[(triton.cdiv(V, BV), N * H)](
         q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu_seqlens, chunk_offsets, H,
         K=K, V=V, BT=chunk_size, BK=BK, BV=BV, HAS_G=G is not None, HAS_DSF=dS_final is not None, **opts)
