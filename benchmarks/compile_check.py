@@ -99,7 +99,7 @@ def chunked_phase1_jobs(BK):
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
 # the rest (gates' cumulative sums, states in and out, the float32 gradients) are float32.
 INPUT_DTYPE = {"q", "k", "kt", "kt_out", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
-               "du_local", "dM_scratch"}  # A (the solve's input) is float32
+               "du_local", "dM_scratch", "dq", "dw", "dv"}  # A (the solve's input) is float32
 
 
 def signature(kernel, constexprs, none_args, dtype):

@@ -154,11 +154,13 @@ def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV, Ain
 
 
 def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_indices, chunk_size, BK, BV):
-    """(∂k, ∂k̃, ∂v, ∂β, ∂G) in float32: this stage's terms plus the carried-in ∂k̃ and ∂G."""
+    """(∂k, ∂k̃, ∂β, ∂G in float32: this stage's terms plus the carried-in ∂k̃ and ∂G, to be summed on; ∂v, final, in
+    v's dtype)."""
     _, T, H, K = k.shape
     V = v.shape[-1]
     f32 = dict(dtype=torch.float32, device=k.device)
-    dk, dkt, dv = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, V, **f32)
+    dk, dkt = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, K, **f32)
+    dv = torch.empty(1, T, H, V, dtype=v.dtype, device=v.device)
     dbeta = torch.empty(1, T, H, **f32)
     dg = torch.empty(1, T, H, **f32) if G is not None else None
     dM_scratch = torch.empty(chunk_indices.shape[0], H, chunk_size, chunk_size, dtype=k.dtype, device=k.device)
