@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One device call that refreshes book/data for the kernels in the tree: validation, benchmark suite, kernel
-# profile (no launch sweep unless SWEEP_S > 0), in that order (a kernel change is worthless unvalidated), each
-# under its own time limit so that one slow step cannot eat the next. Data files and one log (logs.txt) go to $OUT: 7 files, under the tool's 8.
+# A device call that refreshes book/data for the kernels in the tree: the steps of STEPS (default: the validation,
+# then phase 1 alone; the suite and the profile fit only in calls of their own since version 7), in this order
+# (a kernel change is worthless unvalidated), each under its own time limit so that one slow step cannot eat the
+# next. Data files and one log (logs.txt) go to $OUT: at most 7 files, under the tool's 8.
 # STEPS picks the steps, in this order: validate, pytest (the CUDA run of the phase-1 form tests), phase1
 # (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile.
 #
-#   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried; ~9.5 min cold
-#   VALIDATE_S=240 BENCH_S=200 PROFILE_S=120 SWEEP_S=40 bash benchmarks/gpu_session.sh
+#   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
+#   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
 #   STEPS="validate pytest phase1" bash benchmarks/gpu_session.sh    # a new phase-1 form: checks, then its timings
 #   STEPS=pytest PYTEST_TESTS=tests/test_fast_chunk.py PYTEST_K="newton or speculates" bash benchmarks/gpu_session.sh
 #   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
@@ -24,13 +25,13 @@ step() {
     timeout "$limit" "$@" >> "$OUT/logs.txt" 2>&1
     echo "== $name: exit $? ($(date -u +%T))" | tee -a "$OUT/logs.txt"
 }
-steps=" ${STEPS:-validate bench profile} "
+steps=" ${STEPS:-validate phase1} "  # the validation alone takes ~6 min since version 7 (696 rows, each also without grad)
 has() { [[ $steps == *" $1 "* ]]; }
-has validate && step validate "${VALIDATE_S:-290}" python3 benchmarks/validate_gpu.py --out "$OUT"
+has validate && step validate "${VALIDATE_S:-420}" python3 benchmarks/validate_gpu.py --out "$OUT"
 has pytest && step pytest "${PYTEST_S:-150}" python3 -m pytest -q -x -p no:cacheprovider ${PYTEST_TESTS:-\
     tests/test_fast_phase1_newton.py tests/test_fast_phase1.py tests/test_fast_chunk.py} \
     -k "${PYTEST_K:-newton or guarded or fused or chunked or speculates or solver}"
-has phase1 && step phase1 "${PHASE1_S:-120}" python3 benchmarks/bench_phase1.py --out "$OUT/phase1_bench.json" \
+has phase1 && step phase1 "${PHASE1_S:-90}" python3 benchmarks/bench_phase1.py --out "$OUT/phase1_bench.json" \
     --newton --chunk-sizes 64 --solvers blockwise --precisions tf32
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
 has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}" ${PROFILE_ARGS:-}
