@@ -21,6 +21,10 @@ TUNING = {
     "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
     "output_bwd_local": dict(BV=64, num_warps=4, num_stages=3),
     "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
+    "phase1_prep": dict(KB=16, num_warps=8, num_stages=3),
+    "phase1_out": dict(KB=16, num_warps=8, num_stages=3),
+    "phase1_bwd_prep": dict(KB=16, num_warps=8, num_stages=3),
+    "phase1_bwd_out": dict(KB=16, num_warps=8, num_stages=3),
 }
 
 
