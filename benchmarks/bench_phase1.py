@@ -8,7 +8,8 @@ Registers and spills of every kernel for sm_90, compiled on any machine (no GPU,
     python benchmarks/bench_phase1.py --ptxas --out /tmp/phase1_ptxas.json
 
 Rows: shape (B, T, H, K) and variant: seq, seq+clip, and chunk<C>-<solver>-<precision> for every chunk size,
-solver and tl.dot precision asked for; each without and with the APF gate r (+apf). Per row: median milliseconds
+solver and tl.dot precision asked for, then seq+clip+kt and seq+clip+kt-no-d_all (forward only: the scan as
+chunk_osdn launches it, keeping d_all for a backward or not); each without and with the APF gate r (+apf). Per row: median milliseconds
 (triton.testing.do_bench on CUDA) forward and forward+backward, microseconds per token of one sequence, and, for
 the unclipped variants, the relative error of d and of dk against the sequential scan. A configuration that fails
 (e.g. a precision this Triton does not support) is reported with its error instead of stopping the run.
@@ -36,7 +37,7 @@ import triton  # noqa: E402
 import triton.testing  # noqa: E402
 
 import osdn_ref  # noqa: E402
-from osdn_fast.ops.phase1 import preconditioner_scan  # noqa: E402
+from osdn_fast.ops.phase1 import phase1_fwd_seq, preconditioner_scan  # noqa: E402
 from osdn_fast.ops.phase1_chunk import SOLVERS  # noqa: E402
 
 SHAPES = [(1, 16384, 16, 128), (4, 4096, 16, 128), (8, 2048, 16, 128)]
@@ -118,6 +119,26 @@ def bench_shape(shape, dtype, device, configs, cuda):
                            fwd_bwd_us_per_token=round(1e3 * fwd_bwd / T, 5))
             except Exception as error:  # a configuration that does not compile here is reported, not fatal
                 row.update(error=f"{type(error).__name__}: {str(error)[:300]}")
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+        rows += scan_as_chunk_osdn(x, B, T, H, K, dtype, apf, cuda)
+    return rows
+
+
+def scan_as_chunk_osdn(x, B, T, H, K, dtype, apf, cuda):
+    """The forward scan as chunk_osdn launches it (k̃ written, the clip on), keeping d_all for a backward and
+    without it (a forward that no backward follows): two compiled variants of one kernel, forward only."""
+    rows = []
+    with torch.no_grad():
+        for store_d in (True, False):
+            def forward(store_d=store_d):
+                return phase1_fwd_seq(x["k"], x["beta"], x["r"], x["d0"], x["eta"], d_min=2 / 3, d_max=1.5,
+                                      beta_aware=True, normalize=True, cu_seqlens=None, store_kt=True,
+                                      store_d=store_d)
+            fwd = median_ms(forward, None, cuda)
+            row = dict(B=B, T=T, H=H, K=K, dtype=str(dtype).removeprefix("torch."),
+                       variant="seq+clip+kt" + ("" if store_d else "-no-d_all") + ("+apf" if apf else ""),
+                       chunk_size=None, fwd_ms=round(fwd, 4), fwd_us_per_token=round(1e3 * fwd / T, 5))
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows

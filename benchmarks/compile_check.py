@@ -41,6 +41,8 @@ def jobs(K, V, chunk_size=64):
             (state.state_bwd_kernel, "state_bwd", BK, dict(HAS_DSF=True)),
             (state.state_fwd_kernel, "state_fwd_few", BK, dict(HAS_S0=True, STORE_FINAL=True)),
             (state.state_bwd_kernel, "state_bwd_few", BK, dict(HAS_DSF=True)),
+            (state.state_fwd_kernel, "state_fwd_some", BK, dict(HAS_S0=True, STORE_FINAL=True)),
+            (state.state_bwd_kernel, "state_bwd_some", BK, dict(HAS_DSF=True)),
             (output.output_fwd_kernel, "output_fwd", BK, {}),
             (output.output_bwd_local_kernel, "output_bwd_local", BK, {}),
             (output.output_bwd_kernel, "output_bwd", BKS, {}),
@@ -97,7 +99,7 @@ def chunked_phase1_jobs(BK):
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
 # the rest (gates' cumulative sums, states in and out, the float32 gradients) are float32.
 INPUT_DTYPE = {"q", "k", "kt", "kt_out", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
-               "du_local"}  # A (the solve's input) is float32
+               "du_local", "dM_scratch", "dq", "dw", "dv"}  # A (the solve's input) is float32
 
 
 def signature(kernel, constexprs, none_args, dtype):

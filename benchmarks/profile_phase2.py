@@ -119,9 +119,9 @@ def sweep(calls, budget_s):
             cfg = dict(num_warps=warps, num_stages=stages)
             if "BV" in committed[stage]:
                 cfg["BV"] = bv
-            TUNING[stage] = cfg
-            if stage + "_few" in committed:  # whichever entry chain_launch picks at this shape
-                TUNING[stage + "_few"] = cfg
+            for name in (stage, stage + "_few", stage + "_some"):  # whichever entry chain_stage picks here
+                if name in committed:
+                    TUNING[name] = cfg
             try:
                 ms = float(triton.testing.do_bench(call, warmup=10, rep=50, return_mode="median"))
                 torch.cuda.synchronize()
@@ -222,8 +222,8 @@ def main(argv=None):
         print(f"sweep stopped: illegal memory access at {result['sweep_fault']}; no tuned run", flush=True)
         return
     print("best:", json.dumps(result["best"]), flush=True)
-    for stage, cfg in result["best"].items():  # the chain stages: both entries, whichever this shape takes
-        tuning.TUNING.update({name: cfg for name in (stage, stage + "_few") if name in tuning.TUNING})
+    for stage, cfg in result["best"].items():  # the chain stages: every tier's entry, whichever this shape takes
+        tuning.TUNING.update({name: cfg for name in (stage, stage + "_few", stage + "_some") if name in tuning.TUNING})
     print("best TUNING, whole op:", flush=True)
     result["tuned"] = whole_op(x, fla)
     save(args.out, "profile_phase2.json", result)

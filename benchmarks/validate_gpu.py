@@ -37,9 +37,10 @@ OUTPUT_THRESHOLD = 0.006
 GRAD_THRESHOLD = 0.008
 GATE_GRAD_THRESHOLD = 0.02
 GATE_GRADS = ("dr",)  # dg and dβ stay at GRAD_THRESHOLD, which they meet
-# fla's four test shapes, then many sequence-heads: on the H200 the state chain takes its `_few` launch (half-width
-# value tiles, common.chain_launch) at the first four and its standard one at the last; each row records its tile
-SHAPES = [(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64), (8, 512, 16, 64)]
+# fla's four test shapes, then more sequence-heads: on the H200 (132 SMs) the state chain takes its `_few` launch
+# (common.chain_stage) at the first four, `_some` at (8, 512, 16, 64) and its standard one at (8, 512, 16, 128);
+# each row records the tier
+SHAPES = [(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64), (8, 512, 16, 64), (8, 512, 16, 128)]
 VARLEN = [((0, 15, 100, 300, 1200, 2000), 4, 128)]  # (cu_seqlens, H, D)
 TIMING_SHAPE = (4, 4096, 16, 128)
 SMOKE_SHAPES = [(1, 20, 1, 16), (2, 70, 2, 20)]
@@ -107,7 +108,7 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     import osdn_fast
     import osdn_fast.ops.chunk as chunk_ops
     import osdn_ref
-    from osdn_fast.ops.common import block_dims, chain_launch
+    from osdn_fast.ops.common import block_dims, chain_launch, chain_stage
 
     chunk_ops.PHASE1_CHUNKED_MIN_T = 1 if phase1 == "chunked" else 4096
 
@@ -117,6 +118,8 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     apf = options.pop("apf", False)
     x, cot = make_case(B, T, H, D, dtype, gate, N, device, apf=apf)
     state_bv = chain_launch("state_fwd", *block_dims(D, D), D, N * H, torch.device(device))[0]
+    state_tier = chain_stage("state_bwd", *block_dims(D, D), D, N * H, torch.device(device))[len("state_bwd_"):] \
+        or "standard"
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
     fast = run(osdn_fast.chunk_osdn, x, cot, cu_t, options)
     with torch.no_grad():  # a forward that no backward follows (phase 1 then skips d_all): the same results
@@ -133,7 +136,7 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
         rows.append(dict(B=B, T=T, H=H, D=D, varlen=cu is not None, cu_seqlens=None if cu is None else list(cu),
                          dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none",
                          clip="d_min" in options, eta=options["eta"], apf=apf, phase1=phase1, name=name,
-                         kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold), state_bv=state_bv))
+                         kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold), state_bv=state_bv, state_tier=state_tier))
         if kind == "output":
             rows[-1]["same_without_grad"] = bool(torch.equal(without_grad[name], fast[name].detach()))
             rows[-1]["ok"] &= rows[-1]["same_without_grad"]

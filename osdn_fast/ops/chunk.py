@@ -43,7 +43,8 @@ def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, 
 
 
 def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, C, layout):
-    """(∂q, ∂k, ∂k̃, ∂v, ∂β float32; ∂g in g's dtype or None; ∂S0 float32) from ∂o and ∂S_final (either None)."""
+    """(∂q, ∂v in their inputs' dtype; ∂k, ∂k̃, ∂β float32; ∂g in g's dtype or None; ∂S0 float32) from ∂o and
+    ∂S_final (either None)."""
     if do is None:
         do = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)
     do = do.contiguous()

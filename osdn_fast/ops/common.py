@@ -108,11 +108,19 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
+def chain_stage(stage: str, BK: int, BV: int, V: int, seq_heads: int, device: torch.device) -> str:
+    """The TUNING entry of a state-chain stage, one program per (value tile, sequence, head) walking all its chunks.
+    With few programs (long T, small batch) the chain's latency is the time: `<stage>_few` (narrower tiles, deeper
+    pipeline) when even half-width value tiles leave each program an SM of its own, `<stage>_some` when full-width
+    ones do, the stage's own entry when the programs outnumber the SMs."""
+    programs = seq_heads * triton.cdiv(V, launch(stage, BK, BV)[0])
+    sms = sm_count(device)
+    for tier, fits in (("few", 2 * programs <= sms), ("some", programs <= sms)):
+        if fits and f"{stage}_{tier}" in TUNING:
+            return f"{stage}_{tier}"
+    return stage
+
+
 def chain_launch(stage: str, BK: int, BV: int, V: int, seq_heads: int, device: torch.device) -> tuple[int, dict]:
-    """launch() for a state-chain stage, one program per (value tile, sequence, head) walking all its chunks.
-    With few sequence-heads (long T, small batch) the chain's latency is the time: when even half-width value
-    tiles leave each program an SM of its own, TUNING's `<stage>_few` entry (narrower tile, deeper pipeline)."""
-    bv, opts = launch(stage, BK, BV)
-    if stage + "_few" in TUNING and 2 * seq_heads * triton.cdiv(V, bv) <= sm_count(device):
-        return launch(stage + "_few", BK, BV)
-    return bv, opts
+    """launch() of the entry chain_stage picks."""
+    return launch(chain_stage(stage, BK, BV, V, seq_heads, device), BK, BV)

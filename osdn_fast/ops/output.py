@@ -132,13 +132,15 @@ def output_bwd_local(q, kt, G, do, scale, cu_seqlens, chunk_indices, chunk_size,
 
 
 def output_bwd(q, kt, G, h, dh, ubar, du, do, scale, cu_seqlens, chunk_indices, chunk_size, BK, BV):
-    """(∂q, ∂k̃ partial, ∂W, ∂G partial or None), float32."""
+    """(∂q and ∂W in q's dtype: ∂q is final and wy_bwd rounds ∂W to it before its products; ∂k̃ partial and ∂G
+    partial or None in float32, to be summed on)."""
     _, T, H, K = q.shape
     V = do.shape[-1]
     BKS = min(BK, 64)
     NK = triton.cdiv(K, BKS)
     f32 = dict(dtype=torch.float32, device=q.device)
-    dq, dkt, dw = (torch.empty(1, T, H, K, **f32) for _ in range(3))
+    dq, dw = (torch.empty(1, T, H, K, dtype=q.dtype, device=q.device) for _ in range(2))
+    dkt = torch.empty(1, T, H, K, **f32)
     dg = torch.empty(NK, T, H, **f32) if G is not None else None
     BV, opts = launch("output_bwd", BKS, BV)
     output_bwd_kernel[(NK, chunk_indices.shape[0], H)](

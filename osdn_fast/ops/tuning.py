@@ -1,8 +1,8 @@
 """Launch settings (value tile BV, warps, pipeline stages) of each phase-2 stage, for K <= 128.
 
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
-(8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md); the state chain's `_few` entries, taken when few sequence-heads
-run (common.chain_launch), from its sweep at (1, 16384, 16, 128). Kept apart from the kernels: these numbers change only how
+(8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md); the state chain's `_few` and `_some` entries, taken when few
+sequence-heads run (common.chain_stage), from its sweeps at (1, 16384, 16, 128) and (4, 4096, 16, 128). Kept apart from the kernels: these numbers change only how
 the work is split (at most the order of float32 sums), so the GPU validation (book/data/gpu_validation.json)
 records them and a test compares them, while the kernels' digest covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
 """
@@ -16,6 +16,8 @@ TUNING = {
     "state_bwd": dict(BV=64, num_warps=4, num_stages=1),
     "state_fwd_few": dict(BV=32, num_warps=4, num_stages=3),
     "state_bwd_few": dict(BV=32, num_warps=4, num_stages=3),
+    "state_fwd_some": dict(BV=64, num_warps=4, num_stages=3),
+    "state_bwd_some": dict(BV=32, num_warps=4, num_stages=2),
     "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
     "output_bwd_local": dict(BV=64, num_warps=4, num_stages=3),
     "output_bwd": dict(BV=64, num_warps=4, num_stages=2),

@@ -7,8 +7,9 @@ With Γ_ij = exp(G_i − G_j) (G the in-chunk cumulative log-decay), per chunk:
     T    = A⁻¹ diag(β)
     W    = T (K ⊙ e^G)        (the RAW key)       U = T V
 
-Backward, from ∂W and ∂U (transposed products are formed from transposed loads, never by tl.trans of a
-computed matrix: that pattern is miscompiled on Hopper by Triton 3.4+, fla issues #640 and #984):
+Backward, from ∂W and ∂U (transposed operands come from transposed loads, never from tl.trans of a computed
+matrix: that pattern is miscompiled on Hopper by Triton 3.4+, fla issues #640 and #984; the one computed matrix
+needed both ways, ∂M = ∂A ⊙ Γ ⊙ β_i, goes through a per-chunk scratch tile and is read back transposed):
 
     ∂T  = ∂W (K ⊙ e^G)ᵀ + ∂U Vᵀ                  ∂(K ⊙ e^G) = Tᵀ ∂W,  ∂V = Tᵀ ∂U
     ∂β_j += Σ_i A⁻¹_ij ∂T_ij                      ∂A = −strict_lower(A⁻ᵀ (∂T diag(β)) A⁻ᵀ)
@@ -74,7 +75,7 @@ def wu_kernel(k, v, beta, G, Ainv, w, u, cu_seqlens, chunk_indices, H,
 
 
 @triton.jit
-def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg,
+def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg, dM_scratch,
                   cu_seqlens, chunk_indices, H,
                   K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                   HAS_G: tl.constexpr):
@@ -90,33 +91,30 @@ def wy_bwd_kernel(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, d
     b_Tt = (b_Ait.to(tl.float32) * b_b[:, None]).to(DT)
 
     b_dT = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dTt = tl.zeros([BT, BT], dtype=tl.float32)
     b_kk = tl.zeros([BT, BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(K, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
-        b_k = load_tile(k, o_t, m_t, i_h, H, K, o_k)
-        b_kg = (b_k.to(tl.float32) * tl.exp(b_g)[:, None]).to(DT)
         b_kgt = (load_tile_t(k, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * tl.exp(b_g)[None, :]).to(DT)
         b_dT += mm(load_tile(dw, o_t, m_t, i_h, H, K, o_k).to(DT), b_kgt)
-        b_dTt += mm(b_kg, load_tile_t(dw, o_t, m_t, i_h, H, K, o_k).to(DT))
-        b_kk += mm(b_k, load_tile_t(kt, o_t, m_t, i_h, H, K, o_k))
+        b_kk += mm(load_tile(k, o_t, m_t, i_h, H, K, o_k), load_tile_t(kt, o_t, m_t, i_h, H, K, o_k))
     for i_v in range(tl.cdiv(V, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         b_du = load_tile(du, o_t, m_t, i_h, H, V, o_v).to(DT)
-        b_v = load_tile(v, o_t, m_t, i_h, H, V, o_v)
         b_dT += mm(b_du, load_tile_t(v, o_t, m_t, i_h, H, V, o_v))
-        b_dTt += mm(b_v, load_tile_t(du, o_t, m_t, i_h, H, V, o_v).to(DT))
         store_tile(dv, mm(b_Tt, b_du), o_t, m_t, i_h, H, V, o_v)
 
     b_db = tl.sum(b_dT * b_Ai.to(tl.float32), axis=0)
     b_dA = -mm(b_Ait, mm((b_dT * b_b[None, :]).to(DT), b_Ait).to(DT))
     b_dA = tl.where(o_i[:, None] > o_i[None, :], b_dA, 0.0)
-    b_dAt = -mm(b_Ai, mm((b_dTt * b_b[:, None]).to(DT), b_Ai).to(DT))
     b_gam = gram_decay(b_g, BT, True)
     b_kk = b_kk * b_gam
     b_db += tl.sum(b_dA * b_kk, axis=1)
     b_dM = (b_dA * b_gam * b_b[:, None]).to(DT)
-    b_dMt = (b_dAt * gram_decay(b_g, BT, True, True) * b_b[None, :]).to(DT)
+    # ∂Mᵀ for ∂K̃ = ∂Mᵀ K: through this chunk's scratch tile, written, synchronised, read back transposed
+    p_dM = dM_scratch + (i_t * H + i_h).to(tl.int64) * BT * BT
+    tl.store(p_dM + o_i[:, None] * BT + o_i[None, :], b_dM)
+    tl.debug_barrier()
+    b_dMt = tl.load(p_dM + o_i[None, :] * BT + o_i[:, None]).to(DT)
     b_dAA = b_dA * b_kk * b_b[:, None]
     b_dg = tl.sum(b_dAA, axis=1) - tl.sum(b_dAA, axis=0)
 
@@ -156,15 +154,19 @@ def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV, Ain
 
 
 def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_indices, chunk_size, BK, BV):
-    """(∂k, ∂k̃, ∂v, ∂β, ∂G) in float32: this stage's terms plus the carried-in ∂k̃ and ∂G."""
+    """(∂k, ∂k̃, ∂β, ∂G in float32: this stage's terms plus the carried-in ∂k̃ and ∂G, to be summed on; ∂v, final, in
+    v's dtype)."""
     _, T, H, K = k.shape
     V = v.shape[-1]
     f32 = dict(dtype=torch.float32, device=k.device)
-    dk, dkt, dv = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, V, **f32)
+    dk, dkt = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, K, **f32)
+    dv = torch.empty(1, T, H, V, dtype=v.dtype, device=v.device)
     dbeta = torch.empty(1, T, H, **f32)
     dg = torch.empty(1, T, H, **f32) if G is not None else None
+    dM_scratch = torch.empty(chunk_indices.shape[0], H, chunk_size, chunk_size, dtype=k.dtype, device=k.device)
     BV, opts = launch("wy_bwd", BK, BV)
     wy_bwd_kernel[(chunk_indices.shape[0], H)](
-        k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg, cu_seqlens, chunk_indices, H,
+        k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, dk, dkt, dv, dbeta, dg, dM_scratch, cu_seqlens,
+        chunk_indices, H,
         K=K, V=V, BT=chunk_size, BK=min(BK, 64), BV=BV, HAS_G=G is not None, **opts)
     return dk, dkt, dv, dbeta, dg
