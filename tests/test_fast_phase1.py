@@ -238,6 +238,35 @@ def test_chunked_launch_settings_match_reference(kb, monkeypatch):
     against_reference(make_inputs(p), p, chunked=True)
 
 
+def test_chunk_backward_reuses_the_forward_inverse():
+    """chunk_osdn keeps the blockwise solver's P = (I + L)⁻¹ from the forward (chunk_inverses) and hands it to the
+    backward: results bitwise those of the calls that form it themselves; a P of the wrong shape or for another
+    solver is refused by name."""
+    from osdn_fast.ops.phase1_chunk import chunk_inverses, phase1_bwd_chunk, phase1_fwd_chunk
+
+    gen = torch.Generator().manual_seed(8)
+    B, T, H, K = 1, 100, 2, 16
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(DEVICE)
+    beta, r = torch.rand(B, T, H, generator=gen).to(DEVICE), (0.9 + 0.1 * torch.rand(B, T, H, generator=gen)).to(DEVICE)
+    eta = torch.full((H,), 0.4, device=DEVICE)
+    gains = dict(beta_aware=True, normalize=True, cu_seqlens=None)
+    opts = dict(gains, chunk_size=32, solver="blockwise", precision="ieee")
+    inv = chunk_inverses(k, beta, r, eta, **gains, chunk_size=32, precision="ieee")
+    assert inv.shape == (B * T, H, 32) and inv.dtype == torch.float32
+    fresh, kept = phase1_fwd_chunk(k, beta, r, None, eta, **opts), phase1_fwd_chunk(k, beta, r, None, eta, **opts,
+                                                                                    inverse=inv)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, kept))
+    grads = (torch.randn(B, T, H, K, generator=gen).to(DEVICE), torch.randn(B, T, H, K, generator=gen).to(DEVICE),
+             torch.randn(B, T, H, generator=gen).to(DEVICE))
+    fresh = phase1_bwd_chunk(k, beta, r, eta, fresh[0], None, None, phase2_grads=grads, **opts)
+    kept = phase1_bwd_chunk(k, beta, r, eta, kept[0], None, None, phase2_grads=grads, **opts, inverse=inv)
+    assert all(torch.equal(a, b) for a, b in zip(fresh, kept))
+    with pytest.raises(ValueError, match="inverse"):
+        phase1_fwd_chunk(k, beta, r, None, eta, **opts, inverse=inv[:, :, :16])
+    with pytest.raises(ValueError, match="inverse"):
+        phase1_fwd_chunk(k, beta, r, None, eta, **dict(opts, solver="substitution"), inverse=inv)
+
+
 def test_eta_zero_keeps_d0():
     """η = 0 is DeltaNet: d stays at d_0 (ones) for every token, in both forms."""
     k = torch.randn(2, 9, 2, 7, device=DEVICE)

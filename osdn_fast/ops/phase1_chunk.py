@@ -496,21 +496,60 @@ def _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) -> tor
     return unit_lower_inverse(L.view(1, B * T, H, C), cu, indices, torch.float32, **TUNING["solve"]).view(B * T, H, C)
 
 
+def _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision, beta_aware, normalize):
+    """What the launches of one chunk-form call share: (NC, chunk_offsets, `prep` = the prep kernels' leading
+    arguments, flags, gains, solver flags); absent optional tensors are stood in for by k or β (never read)."""
+    B, T, H, K = k.shape
+    NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
+    seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
+    prep = (k, beta, r if r is not None else beta, eta, seq, start, cu_seqlens if cu_seqlens is not None else k)
+    flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=block_k(K))
+    gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
+    return NC, offsets, prep, flags, gains, _solver_flags(C, solver, precision)
+
+
+def _inverse(solver, inverse, prep, cu_seqlens, gains, flags, solve):
+    """The blockwise solver's P: `inverse` when the caller kept it from an earlier call on the same inputs (its
+    shape checked), else formed here; for the other solvers, whose prep kernels form P in registers, a stand-in."""
+    k = prep[0]
+    if solver != "blockwise":
+        if inverse is not None:
+            raise ValueError(f"inverse: only the blockwise solver takes a kept inverse, not {solver!r}")
+        return k
+    (B, T, H), C = k.shape[:3], flags["C"]
+    if inverse is None:
+        return _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve)
+    if inverse.shape != (B * T, H, C) or inverse.dtype != torch.float32:
+        raise ValueError(f"inverse must be float32 of shape {(B * T, H, C)}, got {inverse.dtype} {tuple(inverse.shape)}")
+    return inverse
+
+
+def chunk_inverses(k, beta, r, eta, *, beta_aware, normalize, cu_seqlens, chunk_size: int = 64,
+                   precision: str = "ieee") -> torch.Tensor:
+    """Every chunk's P = (I + L)⁻¹ [B·T, H, C] float32, as the blockwise solver forms it: what phase1_fwd_chunk and
+    phase1_bwd_chunk take as `inverse`, so that a backward reuses its forward's (chunk_osdn keeps it: one
+    [B·T, H, C] float32 tensor instead of an L pass and a solve launch in the backward)."""
+    _, _, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, chunk_size, "blockwise", precision,
+                                                   beta_aware, normalize)
+    return _inverse("blockwise", None, prep, cu_seqlens, gains, flags, solve)
+
+
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
                      chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
-                     store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True):
+                     store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True, inverse=None):
     """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K]
     float32), and with
     `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
     d_t or final d of the unclipped scan leaves bounds = (d_min, d_max), or None). When `outside` is 0 the clip
-    never acts, so the unclipped result is the clipped scan's exactly."""
+    never acts, so the unclipped result is the clipped scan's exactly. `inverse`: chunk_inverses' P (blockwise)."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, block_k(K)
-    NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
-    seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
+    NC, offsets, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision,
+                                                          beta_aware, normalize)
+    _, _, r_, _, seq, start, cu = prep
     f32 = dict(dtype=torch.float32, device=k.device)
     tq = torch.empty(NC, H, C, C, **f32)
     u0 = torch.empty(B, T, H, **f32)
@@ -518,13 +557,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     x0 = torch.empty(NC, H, K, **f32)
     d_all = torch.empty(B, T, H, K, **f32) if store_d else None
     d_final = torch.empty(N, H, K, **f32)
-    r_ = r if r is not None else beta
-    cu = cu_seqlens if cu_seqlens is not None else k
-    flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
-    gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
-    solve = _solver_flags(C, solver, precision)
-    prep = (k, beta, r_, eta, seq, start, cu)
-    inv = _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) if solver == "blockwise" else k
+    inv = _inverse(solver, inverse, prep, cu_seqlens, gains, flags, solve)
     phase1_chunk_prep_kernel[(NC, H)](
         *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve,
         HAS_INV=solver == "blockwise", STORE_L=False, **_parallel_launch("prep", C, BK),
@@ -554,17 +587,19 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
 
 def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
                      cu_seqlens, chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
-                     phase2_grads=None):
+                     phase2_grads=None, inverse=None):
     """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r). With
     `phase2_grads` = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's sizes; `gd_all` must be None), the fused form
-    of phase1.phase1_bwd_seq: the direct gradient of d is ∂k̃ ⊙ k, and ∂k, ∂β are the totals in k's and β's dtypes."""
+    of phase1.phase1_bwd_seq: the direct gradient of d is ∂k̃ ⊙ k, and ∂k, ∂β are the totals in k's and β's dtypes.
+    `inverse`: the forward's P (chunk_inverses; blockwise solver), else formed again here."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, block_k(K)
-    NC, seq, start, offsets = chunk_table(B, T, cu_seqlens, C, k.device)
-    seq, start, offsets = (x if x is not None else k for x in (seq, start, offsets))
+    NC, offsets, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision,
+                                                          beta_aware, normalize)
+    _, _, r_, _, seq, start, cu = prep
     f32 = dict(dtype=torch.float32, device=k.device)
     fused = phase2_grads is not None
     if fused:
@@ -586,13 +621,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     dr = torch.empty(B, T, H, **f32) if r is not None else None
     dd0 = torch.empty(N, H, K, **f32)
     deta = torch.empty(B, T, H, **f32)
-    r_ = r if r is not None else beta
-    cu = cu_seqlens if cu_seqlens is not None else k
-    flags = dict(HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK)
-    gains = dict(BETA_AWARE=beta_aware, NORMALIZE=normalize)
-    solve = _solver_flags(C, solver, precision)
-    prep = (k, beta, r_, eta, seq, start, cu)
-    inv = _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) if solver == "blockwise" else k
+    inv = _inverse(solver, inverse, prep, cu_seqlens, gains, flags, solve)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
         HAS_INV=solver == "blockwise", FUSED=fused, **_parallel_launch("bwd_prep", C, BK),
