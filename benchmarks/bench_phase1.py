@@ -177,16 +177,16 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
     types = dict(T="i32", H="i32", K="i32", eps="fp32", d_min="fp32", d_max="fp32", k="*bf16", beta="*bf16",
                  cu_seqlens="*i32", chunk_seq="*i32", chunk_start="*i32", chunk_offsets="*i32")
 
-    def usage(fn, constexprs, num_warps):
+    def usage(fn, constexprs, num_warps, num_stages=3):
         signature = {n: "constexpr" if n in constexprs else types.get(n, "*fp32") for n in fn.arg_names}
         kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=num_warps))
+                                options=dict(num_warps=num_warps, num_stages=num_stages))
         path = f"/tmp/{fn.__name__}.cubin"
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
         out = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", path], capture_output=True, text=True)
         regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", out.stdout).groups()
-        return dict(kernel=fn.__name__, num_warps=num_warps, registers=int(regs), stack_bytes=int(stack),
+        return dict(kernel=fn.__name__, num_warps=num_warps, num_stages=num_stages, registers=int(regs), stack_bytes=int(stack),
                     shared_bytes=kernel.metadata.shared, **{k: v for k, v in constexprs.items() if k in ("C", "PREC")})
 
     BK = block_k(K)
@@ -197,22 +197,26 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
             usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=False,
                                                   HAS_GD_FINAL=True, FUSED=True), seq._seq_warps(BK))]
     for C in chunk_sizes:
-        warps, kb = chk._tile_warps(C, BK), dict(KB=chk._k_block(C, BK))
+        warps = chk._tile_warps(C, BK)  # the chains'; the parallel kernels take _parallel_launch's settings
+
+        def tiled(fn, stage, constexprs):
+            launch = chk._parallel_launch(stage, C, BK)
+            return usage(fn, dict(constexprs, KB=launch["KB"]), launch["num_warps"], launch["num_stages"])
+
         for solver in solvers:
             for prec in precisions:
                 solve = chk._solver_flags(C, solver, prec)
-                tiled = dict(flags, C=C)
+                base = dict(flags, C=C)
                 inv = dict(HAS_INV=solver == "blockwise")
-                rows += [usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb, **inv, STORE_L=False), warps),
-                         usage(chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=False, C=C, BK=BK, PREC=prec,
-                                                                 **kb, STORE_KT=True, HAS_MIN=True, HAS_MAX=True, STORE_D=True),
-                               warps),
-                         usage(chk.phase1_chunk_bwd_prep_kernel, dict(tiled, **solve, **kb, **inv, FUSED=True), warps),
-                         usage(chk.phase1_chunk_bwd_out_kernel, dict(tiled, **solve, **kb, FUSED=True), warps)]
+                rows += [tiled(chk.phase1_chunk_prep_kernel, "prep", dict(base, **solve, **inv, STORE_L=False)),
+                         tiled(chk.phase1_chunk_out_kernel, "out", dict(HAS_R=True, IS_VARLEN=False, C=C, BK=BK, PREC=prec,
+                                                                       STORE_KT=True, HAS_MIN=True, HAS_MAX=True, STORE_D=True)),
+                         tiled(chk.phase1_chunk_bwd_prep_kernel, "bwd_prep", dict(base, **solve, **inv, FUSED=True)),
+                         tiled(chk.phase1_chunk_bwd_out_kernel, "bwd_out", dict(base, **solve, FUSED=True))]
                 rows[-4]["solver"] = rows[-2]["solver"] = solver
                 if solver == "blockwise":  # the L pass before solve.py
-                    rows.append(usage(chk.phase1_chunk_prep_kernel, dict(tiled, **solve, **kb, HAS_INV=False,
-                                                                         STORE_L=True), warps))
+                    rows.append(tiled(chk.phase1_chunk_prep_kernel, "prep", dict(base, **solve, HAS_INV=False,
+                                                                                  STORE_L=True)))
                     rows[-1]["solver"] = "blockwise L"
         rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True), warps),
                  usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True), warps)]

@@ -82,18 +82,23 @@ def chunked_phase1_jobs(BK):
 
     C = PHASE1_CHUNKED["chunk_size"]
     solve = chk._solver_flags(C, PHASE1_CHUNKED["solver"], PHASE1_CHUNKED["precision"])
-    options = dict(num_warps=chk._tile_warps(C, BK))
+    chain = dict(num_warps=chk._tile_warps(C, BK))
     flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=True, C=C, BK=BK)
-    tiled = dict(flags, **solve, KB=chk._k_block(C, BK))
-    return [(chk.phase1_chunk_prep_kernel, dict(tiled, HAS_INV=False, STORE_L=True), (), options),
-            (chk.phase1_chunk_prep_kernel, dict(tiled, HAS_INV=True, STORE_L=False), (), options),
-            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), options),
-            (chk.phase1_chunk_out_kernel, dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"],
-                                               KB=tiled["KB"], STORE_KT=True, HAS_MIN=True, HAS_MAX=True,
-                                               STORE_D=True), (), options),
-            (chk.phase1_chunk_bwd_prep_kernel, dict(tiled, HAS_INV=True, FUSED=True), (), options),
-            (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), options),
-            (chk.phase1_chunk_bwd_out_kernel, dict(tiled, FUSED=True), (), options)]
+
+    def tiled(stage, **constexprs):  # a parallel kernel: its constexprs with KB, and its warps and stages
+        launch = chk._parallel_launch(stage, C, BK)
+        return dict(flags, **solve, KB=launch.pop("KB"), **constexprs), (), launch
+
+    out_flags = dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"], STORE_KT=True, HAS_MIN=True,
+                     HAS_MAX=True, STORE_D=True)
+    out_launch = chk._parallel_launch("out", C, BK)
+    return [(chk.phase1_chunk_prep_kernel, *tiled("prep", HAS_INV=False, STORE_L=True)),
+            (chk.phase1_chunk_prep_kernel, *tiled("prep", HAS_INV=True, STORE_L=False)),
+            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), chain),
+            (chk.phase1_chunk_out_kernel, dict(out_flags, KB=out_launch.pop("KB")), (), out_launch),
+            (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", HAS_INV=True, FUSED=True)),
+            (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), chain),
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", FUSED=True))]
 
 
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);

@@ -3,7 +3,9 @@
 1. A CUDA-kernel breakdown (torch.profiler) of `osdn_fast.chunk_osdn` (OSDN, clip) and of fla's
    `chunk_delta_rule`, forward and forward+backward, at (B, T, H, D) = (8, 2048, 16, 128) bfloat16.
 2. A sweep of each phase-2 stage over value tile BV, warps and pipeline stages (`osdn_fast.ops.tuning.TUNING`),
-   each stage timed alone (triton.testing.do_bench, median) on the same inputs; the fastest setting per stage.
+   each stage timed alone (triton.testing.do_bench, median) on the same inputs; the fastest setting per stage. Phase
+   1's chunk-parallel kernels (`phase1_*`) are swept over key-channel blocks KB, warps and stages, each timed by
+   the phase-1 call that launches it.
 3. The whole op with the committed TUNING and with the sweep's best, side by side with fla.
 
 Writes profile_phase2.json and tuning.json (the best setting per stage) into --out; this script never changes
@@ -30,6 +32,7 @@ SHAPE = (8, 2048, 16, 128)
 OPTIONS = dict(eta=0.003, d_min=2 / 3, d_max=1.5)
 SPACE = dict(BV=(32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))
 SOLVE_SPACE = dict(BV=(64,), num_warps=(1, 2, 4), num_stages=(1,))  # 16×16 tiles: few warps
+PHASE1_SPACE = dict(KB=(16, 32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))  # phase 1's chunk-parallel kernels
 
 
 def inputs(B, T, H, D, device, gate=False):
@@ -97,11 +100,31 @@ def stage_calls(x, B, T, H, D):
         "state_bwd": lambda: state.state_bwd(q, kt, w, None, do, du_local, None, scale, cu, co, NT, 64, BK, BV),
         "output_bwd": lambda: output.output_bwd(q, kt, None, h, dh, ubar, du, do, scale, cu, ci, 64, BK, BV),
         "wy_bwd": lambda: wy.wy_bwd(k, kt, v, beta, None, Ainv, dw, du, dkt, None, cu, ci, 64, BK, BV),
+        **phase1_calls(x, H),
     }
 
 
+def phase1_calls(x, H):
+    """{stage: call} for the chunk-parallel phase 1 as chunk_osdn runs it (chunk.PHASE1_CHUNKED, no clip): each
+    TUNING entry `phase1_<kernel>` is timed by the call that launches it, the forward (prep, out) or the backward
+    (bwd_prep, bwd_out) with phase 2's gradients fused in; the other kernels of the call run at fixed settings."""
+    from osdn_fast.ops.chunk import PHASE1_CHUNKED
+    from osdn_fast.ops.phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
+
+    k, beta = x["k"].detach(), x["beta"].detach()
+    eta = torch.full((H,), OPTIONS["eta"], dtype=torch.float32, device=k.device)
+    flags = dict(beta_aware=True, normalize=True, cu_seqlens=None, **PHASE1_CHUNKED)
+    fwd = lambda: phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, **flags)  # noqa: E731
+    d_all = fwd()[0]
+    grads = (torch.randn_like(k, dtype=torch.float32), torch.randn_like(k, dtype=torch.float32),
+             torch.randn_like(beta, dtype=torch.float32))
+    bwd = lambda: phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, **flags)  # noqa: E731
+    return {"phase1_bwd_out": bwd, "phase1_bwd_prep": bwd, "phase1_out": fwd, "phase1_prep": fwd}  # slowest first
+
+
 def sweep(calls, budget_s):
-    """Time every stage under every setting of SPACE (BV only where the stage has value tiles)."""
+    """Time every stage under every setting of its space (SPACE; BV only where the stage has value tiles; phase 1's
+    chunk-parallel kernels: PHASE1_SPACE, key-channel blocks KB)."""
     import triton.testing
 
     from osdn_fast.ops.tuning import TUNING
@@ -110,15 +133,16 @@ def sweep(calls, budget_s):
     results, start = {}, time.time()
     for stage, call in calls.items():
         results[stage] = []
-        space = SOLVE_SPACE if stage == "solve" else SPACE
-        for bv, warps, stages in itertools.product(*space.values()):
+        space = SOLVE_SPACE if stage == "solve" else PHASE1_SPACE if stage.startswith("phase1_") else SPACE
+        tile = next(iter(space))  # BV or KB
+        for size, warps, stages in itertools.product(*space.values()):
             if time.time() - start > budget_s:
                 break
-            if "BV" not in committed[stage] and bv != space["BV"][0]:
+            if tile not in committed[stage] and size != space[tile][0]:
                 continue
             cfg = dict(num_warps=warps, num_stages=stages)
-            if "BV" in committed[stage]:
-                cfg["BV"] = bv
+            if tile in committed[stage]:
+                cfg[tile] = size
             for name in (stage, stage + "_few", stage + "_some"):  # whichever entry chain_stage picks here
                 if name in committed:
                     TUNING[name] = cfg
@@ -138,7 +162,7 @@ def sweep(calls, budget_s):
         ok = [r for r in rows if r["ms"] == r["ms"]]
         if ok:
             r = min(ok, key=lambda r: r["ms"])
-            best[stage] = {k: r[k] for k in ("BV", "num_warps", "num_stages") if k in r}
+            best[stage] = {k: r[k] for k in ("BV", "KB", "num_warps", "num_stages") if k in r}
     return results, best, None
 
 
@@ -173,7 +197,9 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--sweep-budget", type=float, default=240.0, help="seconds for the sweep (0: no sweep)")
     ap.add_argument("--shape", default="x".join(map(str, SHAPE)), help="BxTxHxD (default: the tuning shape)")
-    ap.add_argument("--stages", help="comma-separated phase-2 stages to sweep (default: all), e.g. state_fwd,state_bwd")
+    ap.add_argument("--stages", help="comma-separated stages to sweep (default: all), e.g. state_fwd,state_bwd or "
+                                     "phase1_bwd_out (phase 1's chunk-parallel kernels: phase1_prep, phase1_out, "
+                                     "phase1_bwd_prep, phase1_bwd_out)")
     args = ap.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split("x"))
     import triton

@@ -221,6 +221,23 @@ def test_every_solver_matches_reference(solver, chunk_size):
     against_reference(make_inputs(p), p, chunked=True)
 
 
+@pytest.mark.parametrize("kb", [16, 32, 64])
+def test_chunked_launch_settings_match_reference(kb, monkeypatch):
+    """At chunk_osdn's tiles (C = 64, K = 128) the parallel kernels take TUNING's `phase1_*` entries: with every
+    key-channel block KB that the H200 sweep may pick (benchmarks/profile_phase2.py), d and every gradient match
+    float64 over two chunks and a partial one."""
+    from osdn_fast.ops import phase1_chunk
+    from osdn_fast.ops.tuning import TUNING
+
+    for stage in ("prep", "out", "bwd_prep", "bwd_out"):
+        monkeypatch.setitem(TUNING, f"phase1_{stage}", dict(TUNING[f"phase1_{stage}"], KB=kb))
+        assert phase1_chunk._parallel_launch(stage, 64, 128)["KB"] == kb
+    p = dict(B=1, T=150, H=1, K=128, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None,
+             d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
+             chunk_size=64, solver="blockwise", seed=3)
+    against_reference(make_inputs(p), p, chunked=True)
+
+
 def test_eta_zero_keeps_d0():
     """η = 0 is DeltaNet: d stays at d_0 (ones) for every token, in both forms."""
     k = torch.randn(2, 9, 2, 7, device=DEVICE)

@@ -454,6 +454,15 @@ def _tile_warps(C: int, BK: int) -> int:
     return 8 if C * BK >= 8192 else 4
 
 
+def _parallel_launch(stage: str, C: int, BK: int) -> dict:
+    """KB, warps and stages of a chunk-parallel phase-1 kernel (`prep`, `out`, `bwd_prep`, `bwd_out`): TUNING's
+    `phase1_<stage>` entry for the tiles chunk_osdn runs at K = 128 (C = 64, BK = 128), else _k_block's and
+    _tile_warps' rule with Triton's default of 3 stages. KB orders only the float32 sums over key channels."""
+    if (C, BK) == (64, 128):
+        return dict(TUNING["phase1_" + stage])
+    return dict(KB=_k_block(C, BK), num_warps=_tile_warps(C, BK), num_stages=3)
+
+
 def _k_block(C: int, BK: int) -> int:
     """Key channels per block in the parallel kernels: 32, or 16 from C = 64 on (no spills in ptxas's sm_90
     report at K = 128 with the default ieee precision; whole-K tiles spilled kilobytes)."""
@@ -481,8 +490,8 @@ def _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) -> tor
     else:
         cu, (indices, _) = cu_seqlens, chunk_layout(cu_seqlens, C)
     phase1_chunk_prep_kernel[(indices.shape[0], H)](
-        *prep, L, L, L, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK), HAS_INV=False, STORE_L=True,
-        num_warps=_tile_warps(C, BK),
+        *prep, L, L, L, T, H, K, EPS, **gains, **flags, **solve, HAS_INV=False, STORE_L=True,
+        **_parallel_launch("prep", C, BK),
     )
     return unit_lower_inverse(L.view(1, B * T, H, C), cu, indices, torch.float32, **TUNING["solve"]).view(B * T, H, C)
 
@@ -517,8 +526,8 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     prep = (k, beta, r_, eta, seq, start, cu)
     inv = _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) if solver == "blockwise" else k
     phase1_chunk_prep_kernel[(NC, H)](
-        *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve, KB=_k_block(C, BK),
-        HAS_INV=solver == "blockwise", STORE_L=False, num_warps=_tile_warps(C, BK),
+        *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve,
+        HAS_INV=solver == "blockwise", STORE_L=False, **_parallel_launch("prep", C, BK),
     )
     phase1_chunk_state_kernel[(N, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
@@ -530,9 +539,9 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     phase1_chunk_out_kernel[(NC, H)](
         k, r_, seq, start, cu, u, x0, d_all if store_d else u, kt if store_kt else u,
         outside if bounds is not None else u, T, H, K, 0.0 if lo is None else float(lo),
-        0.0 if hi is None else float(hi), **flags, PREC=precision, KB=_k_block(C, BK), STORE_KT=store_kt,
+        0.0 if hi is None else float(hi), **flags, PREC=precision, STORE_KT=store_kt,
         HAS_MIN=lo is not None, HAS_MAX=hi is not None, STORE_D=store_d,
-        num_warps=_tile_warps(C, BK),
+        **_parallel_launch("out", C, BK),
     )
     if not store_kt and bounds is None:
         return d_all, d_final
@@ -586,7 +595,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     inv = _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) if solver == "blockwise" else k
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
-        KB=_k_block(C, BK), HAS_INV=solver == "blockwise", FUSED=fused, num_warps=_tile_warps(C, BK),
+        HAS_INV=solver == "blockwise", FUSED=fused, **_parallel_launch("bwd_prep", C, BK),
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
@@ -595,6 +604,6 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
         deta, dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS, **gains, **flags, **solve,
-        KB=_k_block(C, BK), FUSED=fused, num_warps=_tile_warps(C, BK),
+        FUSED=fused, **_parallel_launch("bwd_out", C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)
