@@ -9,7 +9,8 @@ Registers and spills of every kernel for sm_90, compiled on any machine (no GPU,
 
 Rows: shape (B, T, H, K) and variant: seq, seq+clip, and chunk<C>-<solver>-<precision> for every chunk size,
 solver and tl.dot precision asked for, then seq+clip+kt and seq+clip+kt-no-d_all (forward only: the scan as
-chunk_osdn launches it, keeping d_all for a backward or not); each without and with the APF gate r (+apf). Per row: median milliseconds
+chunk_osdn launches it, keeping d_all for a backward or not; `-op`: with r in k's dtype and no d_0, as the suite
+passes them); each without and with the APF gate r (+apf). Per row: median milliseconds
 (triton.testing.do_bench on CUDA) forward and forward+backward, microseconds per token of one sequence, and, for
 the unclipped variants, the relative error of d and of dk against the sequential scan. A configuration that fails
 (e.g. a precision this Triton does not support) is reported with its error instead of stopping the run.
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -127,17 +129,22 @@ def bench_shape(shape, dtype, device, configs, cuda):
 
 def scan_as_chunk_osdn(x, B, T, H, K, dtype, apf, cuda):
     """The forward scan as chunk_osdn launches it (k̃ written, the clip on), keeping d_all for a backward and
-    without it (a forward that no backward follows): two compiled variants of one kernel, forward only."""
+    without it (a forward that no backward follows): two compiled variants of one kernel, forward only. Then the
+    same with the op's inputs as the suite passes them (`-op`: r in k's dtype, no d_0), which version 9's profile
+    found slower without d_all at (8, 2048) where these float32-r rows were not (benchmarks/NOTES.md)."""
     rows = []
+    r_op = None if x["r"] is None else x["r"].detach().to(dtype)
     with torch.no_grad():
-        for store_d in (True, False):
-            def forward(store_d=store_d):
-                return phase1_fwd_seq(x["k"], x["beta"], x["r"], x["d0"], x["eta"], d_min=2 / 3, d_max=1.5,
+        for op_inputs, store_d in itertools.product((False, True), (True, False)):
+            r, d0 = (r_op, None) if op_inputs else (x["r"], x["d0"])
+
+            def forward(store_d=store_d, r=r, d0=d0):
+                return phase1_fwd_seq(x["k"], x["beta"], r, d0, x["eta"], d_min=2 / 3, d_max=1.5,
                                       beta_aware=True, normalize=True, cu_seqlens=None, store_kt=True,
                                       store_d=store_d)
             fwd = median_ms(forward, None, cuda)
-            row = dict(B=B, T=T, H=H, K=K, dtype=str(dtype).removeprefix("torch."),
-                       variant="seq+clip+kt" + ("" if store_d else "-no-d_all") + ("+apf" if apf else ""),
+            name = "seq+clip+kt" + ("-op" if op_inputs else "") + ("" if store_d else "-no-d_all") + ("+apf" if apf else "")
+            row = dict(B=B, T=T, H=H, K=K, dtype=str(dtype).removeprefix("torch."), variant=name,
                        chunk_size=None, fwd_ms=round(fwd, 4), fwd_us_per_token=round(1e3 * fwd / T, 5))
             rows.append(row)
             print(json.dumps(row), flush=True)

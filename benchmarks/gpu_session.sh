@@ -4,7 +4,8 @@
 # (a kernel change is worthless unvalidated), each under its own time limit so that one slow step cannot eat the
 # next. Data files and one log (logs.txt) go to $OUT: at most 7 files, under the tool's 8.
 # STEPS picks the steps, in this order: validate, pytest (the CUDA run of the phase-1 form tests), phase1
-# (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile.
+# (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile (profile_phase2.py: kernels and launch
+# sweeps), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
 #   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
@@ -12,6 +13,8 @@
 #   STEPS=pytest PYTEST_TESTS=tests/test_fast_chunk.py PYTEST_K="newton or speculates" bash benchmarks/gpu_session.sh
 #   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
 #   STEPS=profile SWEEP_S=60 PROFILE_ARGS="--shape 1x16384x16x128 --stages state_fwd,state_bwd" bash benchmarks/gpu_session.sh
+#   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
+#       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -35,5 +38,6 @@ has phase1 && step phase1 "${PHASE1_S:-90}" python3 benchmarks/bench_phase1.py -
     --newton --chunk-sizes 64 --solvers blockwise --precisions tf32
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
 has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}" ${PROFILE_ARGS:-}
+has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}
 rm -f "$OUT/tuning.json"  # a sweep's pick is read from profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80
