@@ -204,8 +204,6 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
             usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=False,
                                                   HAS_GD_FINAL=True, FUSED=True), seq._seq_warps(BK))]
     for C in chunk_sizes:
-        warps = chk._tile_warps(C, BK)  # the chains'; the parallel kernels take _parallel_launch's settings
-
         def tiled(fn, stage, constexprs):
             launch = chk._parallel_launch(stage, C, BK)
             return usage(fn, dict(constexprs, KB=launch["KB"]), launch["num_warps"], launch["num_stages"])
@@ -225,8 +223,9 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
                     rows.append(tiled(chk.phase1_chunk_prep_kernel, "prep", dict(base, **solve, HAS_INV=False,
                                                                                   STORE_L=True)))
                     rows[-1]["solver"] = "blockwise L"
-        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True), warps),
-                 usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True), warps)]
+        chain = {st: chk._chain_launch(st, C, BK) for st in ("state", "bwd_state")}
+        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True), **chain["state"]),
+                 usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True), **chain["bwd_state"])]
     for row in rows:
         print(json.dumps(row), flush=True)
     return rows

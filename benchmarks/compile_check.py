@@ -82,7 +82,6 @@ def chunked_phase1_jobs(BK):
 
     C = PHASE1_CHUNKED["chunk_size"]
     solve = chk._solver_flags(C, PHASE1_CHUNKED["solver"], PHASE1_CHUNKED["precision"])
-    chain = dict(num_warps=chk._tile_warps(C, BK))
     flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=True, C=C, BK=BK)
 
     def tiled(stage, **constexprs):  # a parallel kernel: its constexprs with KB, and its warps and stages
@@ -94,10 +93,10 @@ def chunked_phase1_jobs(BK):
     out_launch = chk._parallel_launch("out", C, BK)
     return [(chk.phase1_chunk_prep_kernel, *tiled("prep", HAS_INV=False, STORE_L=True)),
             (chk.phase1_chunk_prep_kernel, *tiled("prep", HAS_INV=True, STORE_L=False)),
-            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), chain),
+            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), chk._chain_launch("state", C, BK)),
             (chk.phase1_chunk_out_kernel, dict(out_flags, KB=out_launch.pop("KB")), (), out_launch),
             (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", HAS_INV=True, FUSED=True)),
-            (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), chain),
+            (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), chk._chain_launch("bwd_state", C, BK)),
             (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", FUSED=True))]
 
 

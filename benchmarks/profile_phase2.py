@@ -107,7 +107,8 @@ def stage_calls(x, B, T, H, D):
 def phase1_calls(x, H):
     """{stage: call} for the chunk-parallel phase 1 as chunk_osdn runs it (chunk.PHASE1_CHUNKED, no clip): each
     TUNING entry `phase1_<kernel>` is timed by the call that launches it, the forward (prep, out) or the backward
-    (bwd_prep, bwd_out) with phase 2's gradients fused in; the other kernels of the call run at fixed settings."""
+    (bwd_prep, bwd_out, and the chains state, bwd_state: warps and stages only) with phase 2's gradients fused in;
+    the other kernels of the call run at fixed settings."""
     from osdn_fast.ops.chunk import PHASE1_CHUNKED
     from osdn_fast.ops.phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
 
@@ -119,7 +120,8 @@ def phase1_calls(x, H):
     grads = (torch.randn_like(k, dtype=torch.float32), torch.randn_like(k, dtype=torch.float32),
              torch.randn_like(beta, dtype=torch.float32))
     bwd = lambda: phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, **flags)  # noqa: E731
-    return {"phase1_bwd_out": bwd, "phase1_bwd_prep": bwd, "phase1_out": fwd, "phase1_prep": fwd}  # slowest first
+    return {"phase1_bwd_out": bwd, "phase1_bwd_state": bwd, "phase1_state": fwd, "phase1_bwd_prep": bwd,
+            "phase1_out": fwd, "phase1_prep": fwd}  # slowest first (version 8's profile)
 
 
 def sweep(calls, budget_s):
@@ -198,8 +200,8 @@ def main(argv=None):
     ap.add_argument("--sweep-budget", type=float, default=240.0, help="seconds for the sweep (0: no sweep)")
     ap.add_argument("--shape", default="x".join(map(str, SHAPE)), help="BxTxHxD (default: the tuning shape)")
     ap.add_argument("--stages", help="comma-separated stages to sweep (default: all), e.g. state_fwd,state_bwd or "
-                                     "phase1_bwd_out (phase 1's chunk-parallel kernels: phase1_prep, phase1_out, "
-                                     "phase1_bwd_prep, phase1_bwd_out)")
+                                     "phase1_bwd_out (phase 1's chunk-form kernels: phase1_prep, phase1_out, "
+                                     "phase1_bwd_prep, phase1_bwd_out, and the chains phase1_state, phase1_bwd_state)")
     args = ap.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split("x"))
     import triton

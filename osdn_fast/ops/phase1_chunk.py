@@ -463,6 +463,15 @@ def _parallel_launch(stage: str, C: int, BK: int) -> dict:
     return dict(KB=_k_block(C, BK), num_warps=_tile_warps(C, BK), num_stages=3)
 
 
+def _chain_launch(stage: str, C: int, BK: int) -> dict:
+    """Warps and stages of a chain kernel of the chunk form (`state`, `bwd_state`: one program per (sequence, head),
+    walking its chunks): TUNING's `phase1_<stage>` entry at chunk_osdn's tiles (C = 64, BK = 128), else _tile_warps'
+    rule with Triton's default of 3 stages."""
+    if (C, BK) == (64, 128):
+        return dict(TUNING["phase1_" + stage])
+    return dict(num_warps=_tile_warps(C, BK), num_stages=3)
+
+
 def _k_block(C: int, BK: int) -> int:
     """Key channels per block in the parallel kernels: 32, or 16 from C = 64 on (no spills in ptxas's sm_90
     report at K = 128 with the default ieee precision; whole-K tiles spilled kilobytes)."""
@@ -564,7 +573,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     )
     phase1_chunk_state_kernel[(N, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
-        T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, num_warps=_tile_warps(C, BK),
+        T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, **_chain_launch("state", C, BK),
     )
     lo, hi = bounds if bounds is not None else (None, None)
     kt = torch.empty_like(k) if store_kt else None
@@ -628,7 +637,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     )
     phase1_chunk_bwd_state_kernel[(N, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
-        T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags, num_warps=_tile_warps(C, BK),
+        T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags, **_chain_launch("bwd_state", C, BK),
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
