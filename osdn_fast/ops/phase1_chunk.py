@@ -473,8 +473,9 @@ def _chain_launch(stage: str, C: int, BK: int) -> dict:
 
 
 def _k_block(C: int, BK: int) -> int:
-    """Key channels per block in the parallel kernels: 32, or 16 from C = 64 on (no spills in ptxas's sm_90
-    report at K = 128 with the default ieee precision; whole-K tiles spilled kilobytes)."""
+    """Key channels per block in the parallel kernels off chunk_osdn's tiles (_parallel_launch): 32, or 16 from
+    C = 64 on, version 5's choice by ptxas's sm_90 report (no spills at K = 128). At C = 64, K = 128 the H200
+    sweep picked settings that spill and run up to 2.4x faster (TUNING, version 9)."""
     return min(BK, 32 if C <= 32 else 16)
 
 
