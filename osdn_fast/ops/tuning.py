@@ -1,4 +1,4 @@
-"""Launch settings (value tile BV, warps, pipeline stages) of each phase-2 stage, for K <= 128.
+"""Launch settings (value tile BV or key-channel block KB, warps, pipeline stages) of the kernels' stages, for K <= 128.
 
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
 (8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md); the state chain's `_few` and `_some` entries, taken when few
