@@ -84,20 +84,20 @@ def chunked_phase1_jobs(BK):
     solve = chk._solver_flags(C, PHASE1_CHUNKED["solver"], PHASE1_CHUNKED["precision"])
     flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=True, C=C, BK=BK)
 
-    def tiled(stage, **constexprs):  # a parallel kernel: its constexprs with KB, and its warps and stages
+    def tiled(stage, constexprs):  # a parallel kernel: its constexprs with KB, and its warps and stages
         launch = chk._parallel_launch(stage, C, BK)
-        return dict(flags, **solve, KB=launch.pop("KB"), **constexprs), (), launch
+        return dict(constexprs, KB=launch.pop("KB")), (), launch
 
+    solved = dict(flags, **solve)
     out_flags = dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"], STORE_KT=True, HAS_MIN=True,
                      HAS_MAX=True, STORE_D=True)
-    out_launch = chk._parallel_launch("out", C, BK)
-    return [(chk.phase1_chunk_prep_kernel, *tiled("prep", HAS_INV=False, STORE_L=True)),
-            (chk.phase1_chunk_prep_kernel, *tiled("prep", HAS_INV=True, STORE_L=False)),
+    return [(chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=False, STORE_L=True))),
+            (chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=True, STORE_L=False))),
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), chk._chain_launch("state", C, BK)),
-            (chk.phase1_chunk_out_kernel, dict(out_flags, KB=out_launch.pop("KB")), (), out_launch),
-            (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", HAS_INV=True, FUSED=True)),
+            (chk.phase1_chunk_out_kernel, *tiled("out", out_flags)),
+            (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", dict(solved, HAS_INV=True, FUSED=True))),
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), chk._chain_launch("bwd_state", C, BK)),
-            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", FUSED=True))]
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True)))]
 
 
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
