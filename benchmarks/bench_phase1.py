@@ -183,7 +183,8 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     types = dict(T="i32", H="i32", K="i32", eps="fp32", d_min="fp32", d_max="fp32", k="*bf16", beta="*bf16",
-                 cu_seqlens="*i32", chunk_seq="*i32", chunk_start="*i32", chunk_offsets="*i32")
+                 cu_seqlens="*i32", chunk_seq="*i32", chunk_start="*i32", chunk_offsets="*i32", group_seq="*i32",
+                 group_first="*i32")
 
     def usage(fn, constexprs, num_warps, num_stages=3):
         signature = {n: "constexpr" if n in constexprs else types.get(n, "*fp32") for n in fn.arg_names}
@@ -229,6 +230,9 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
         chain = {st: chk._chain_launch(st, C, BK) for st in ("state", "bwd_state")}
         rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"]),
                  usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True, G=0), **chain["bwd_state"])]
+        for bn, warps in ((32, 4), (64, 4), (64, 8), (128, 8)):  # the grouped chains' map, [K, BN] of M per program
+            rows += [usage(chk.phase1_chunk_group_map_kernel, dict(flags, C=C, G=16, PREC="tf32", REVERSE=reverse,
+                                                                   BN=bn), warps, 1) for reverse in (False, True)]
     for row in rows:
         print(json.dumps(row), flush=True)
     return rows

@@ -230,10 +230,14 @@ def test_grouped_chains_match_reference(p, group):
     compare(dict(p, group=group), chunked=True)
 
 
-@pytest.mark.parametrize("group", [2, 4, 8])
-def test_grouped_chains_over_many_chunks(group):
+@pytest.mark.parametrize("group, bn", [(2, 64), (4, 16), (8, 16)])
+def test_grouped_chains_over_many_chunks(group, bn, monkeypatch):
     """The same over ten chunks of 16 in packed sequences of 5, 1 and 4 chunks (partial groups, a partial chunk, a
-    one-chunk sequence), APF, d_0, a zero key and η large enough that d moves by O(1)."""
+    one-chunk sequence), APF, d_0, a zero key and η large enough that d moves by O(1); the maps formed in one
+    block of columns (BN ≥ K) or two (BN = 16 at K = 24)."""
+    from osdn_fast.ops.tuning import TUNING
+
+    monkeypatch.setitem(TUNING, "phase1_group_map", dict(TUNING["phase1_group_map"], BN=bn))
     p = dict(B=1, T=150, H=2, K=24, lengths=[70, 1, 79], options=dict(beta_aware=True, normalize=True, d_min=None,
              d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
              chunk_size=16, solver="blockwise", seed=5, group=group)

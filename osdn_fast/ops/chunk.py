@@ -89,7 +89,7 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 PHASE1_CHUNKED_MIN_T = 4096  # mean sequence length from which phase 1 runs chunk-parallel (NOTES.md, version 5)
 PHASE1_CHUNKED = dict(chunk_size=64, solver="blockwise", precision="tf32")
 PHASE1_GROUP_MIN_CHUNKS = 32  # the chunk form's chains walk groups of chunks from this many chunks per sequence (mean)
-PHASE1_GROUP_MAX_CHAINS = 32  # ... when at most this many (sequence, head) chains run: far fewer than the H200's SMs
+PHASE1_GROUP_MAX_CHAINS = 16  # ... when at most this many (sequence, head) chains run (NOTES, after version 10)
 PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=6)
 
 

@@ -399,22 +399,27 @@ def phase1_chunk_group_map_kernel(
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr,
+    BN: tl.constexpr,
 ):
-    """The chain's affine map over group gi, x ↦ M x + m [BK, BK], [BK]: each chunk maps
+    """The chain's affine map over group gi, x ↦ M x + m [BK, BK], [BK], columns of M in blocks of BN (program
+    axis 2: a column of M evolves on its own; the first block's programs also form m). Each chunk maps
     x ↦ e^{γ_C} x + bias_c + Aᵀ(ω ⊙ (y⁰ + σ T (A x))), the state kernels' step, composed in the chain's order.
     Forward (x = d entering): T = Tq, y⁰ = u⁰, ω = e^{γ_C − γ̄}, σ = −1, no bias. REVERSE (x = λ leaving, chunks
     in reverse): T = Tp, y⁰ = pᵍ, ω = −c e^{γ}, σ = +1, bias = hᵍ. Per chunk M ← e^{γ_C} M + Aᵀ(σω ⊙ T (A M)),
-    three [C, BK]-sized dots (PREC), and m the same plus the chunk's constant part, in float32 sums."""
+    three dots of [C, BN] results (PREC), and m the same plus the chunk's constant part, in float32 sums."""
     gi = tl.program_id(0)
     h = tl.program_id(1)
+    cols = tl.program_id(2) * BN + tl.arange(0, BN)
     n, lo, hi = _group_of(gi, group_seq, group_first, chunk_offsets, T, C, G, IS_VARLEN)
+    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
+    if (lo == c_first) if REVERSE else (hi == c_last):  # the chain's last group: the walk needs no map of it
+        return
     bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
-    c_first = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)[0]
     eta_h = tl.load(eta + h).to(tl.float32)
     offs = tl.arange(0, BK)
     rows = tl.arange(0, C)
     cc = rows[:, None] * C + rows[None, :]
-    m_mat = tl.where(offs[:, None] == offs[None, :], 1.0, 0.0)
+    m_mat = tl.where(offs[:, None] == cols[None, :], 1.0, 0.0)
     m_vec = tl.zeros([BK], dtype=tl.float32)
     for j in range(0, hi - lo):
         ci = hi - 1 - j if REVERSE else lo + j
@@ -439,8 +444,9 @@ def phase1_chunk_group_map_kernel(
         else:
             y_vec = ty_vec - y0_c  # σω (y⁰ + σ T A m) with σ = −1, ω = −w
         m_vec = rho * m_vec + shift + tl.sum((w * y_vec)[:, None] * a, axis=0)
-    tl.store(maps + ((gi * H + h) * BK + offs[:, None]) * BK + offs[None, :], m_mat)
-    tl.store(shifts + (gi * H + h) * BK + offs, m_vec)
+    tl.store(maps + ((gi * H + h) * BK + offs[:, None]) * BK + cols[None, :], m_mat)
+    if tl.program_id(2) == 0:
+        tl.store(shifts + (gi * H + h) * BK + offs, m_vec)
 
 
 @triton.jit
@@ -449,7 +455,8 @@ def phase1_chunk_group_walk_kernel(
     HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
     REVERSE: tl.constexpr, ONES: tl.constexpr,
 ):
-    """Sequential over the groups of (sequence n, head h), in the chain's order: x_grp[g] = x, then x ← M_g x + m_g.
+    """Sequential over the groups of (sequence n, head h), in the chain's order: x_grp[g] = x, then x ← M_g x + m_g
+    (but after the last group, whose map group_map skips).
     x starts at x_init (d_0 or ∂L/∂d_final), else at 1 (ONES: the forward's d_0 = 1) or 0. The replay of each
     group's chunks (the state kernels with G > 0) writes the final x; here only a sequence without chunks does."""
     n = tl.program_id(0)
@@ -469,13 +476,15 @@ def phase1_chunk_group_walk_kernel(
         x = tl.where(mask, 1.0, 0.0)
     else:
         x = tl.zeros([BK], dtype=tl.float32)
-    if g_last == g_first:  # a sequence without chunks
-        tl.store(x_final + (n * H + h) * K + offs, x, mask=mask)
-    for j in range(0, g_last - g_first):
+    for j in range(0, g_last - g_first - 1):
         gi = g_last - 1 - j if REVERSE else g_first + j
         tl.store(x_grp + (gi * H + h) * K + offs, x, mask=mask)
         m_mat = tl.load(maps + ((gi * H + h) * BK + offs[:, None]) * BK + offs[None, :])
         x = tl.sum(m_mat * x[None, :], axis=1) + tl.load(shifts + (gi * H + h) * BK + offs)
+    if g_last > g_first:  # the chain's last group: its entry only
+        tl.store(x_grp + ((g_first if REVERSE else g_last - 1) * H + h) * K + offs, x, mask=mask)
+    else:  # a sequence without chunks
+        tl.store(x_final + (n * H + h) * K + offs, x, mask=mask)
 
 
 @triton.jit
@@ -606,9 +615,11 @@ def _group_entries(prep, offsets, cu_seqlens, tmat, y0, bias, x_init, x_final, G
     shifts = torch.empty(NG, H, BK, **f32)
     x_grp = torch.empty(NG, H, K, **f32)
     cu = cu_seqlens if cu_seqlens is not None else k
-    phase1_chunk_group_map_kernel[(NG, H)](
+    launch = dict(TUNING["phase1_group_map"])
+    BN = min(launch.pop("BN"), BK)
+    phase1_chunk_group_map_kernel[(NG, H, BK // BN)](
         k, beta, r, eta, offsets, cu, gseq, gfirst, tmat, y0, bias if bias is not None else y0, maps, shifts,
-        T, H, K, EPS, **gains, **flags, G=G, PREC=prec, REVERSE=reverse, **TUNING["phase1_group_map"],
+        T, H, K, EPS, **gains, **flags, G=G, PREC=prec, REVERSE=reverse, BN=BN, **launch,
     )
     phase1_chunk_group_walk_kernel[(N, H)](
         x_init if x_init is not None else x_final, maps, shifts, x_grp, x_final, goffs, T, H, K,

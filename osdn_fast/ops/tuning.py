@@ -1,4 +1,4 @@
-"""Launch settings (value tile BV or key-channel block KB, warps, pipeline stages) of the kernels' stages, for K <= 128.
+"""Launch settings (value tile BV, key-channel block KB or map-column block BN, warps, pipeline stages) of the kernels' stages, for K <= 128.
 
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
 (8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md); the state chain's `_few` and `_some` entries, taken when few
@@ -30,7 +30,7 @@ TUNING = {
     "phase1_bwd_out": dict(KB=32, num_warps=4, num_stages=1),
     "phase1_state": dict(num_warps=4, num_stages=2),
     "phase1_bwd_state": dict(num_warps=4, num_stages=1),
-    "phase1_group_map": dict(num_warps=8, num_stages=1),
+    "phase1_group_map": dict(BN=64, num_warps=8, num_stages=1),
     "phase1_group_walk": dict(num_warps=8, num_stages=1),
 }
 
