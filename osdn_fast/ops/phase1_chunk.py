@@ -10,6 +10,9 @@ entering with x_0, with γ_i = Σ_{m<i} log r_m (exclusive) and γ̄_j = γ_j + 
 so u = u⁰ − Tq (A x_0) with u⁰ = (I + L)⁻¹ e and Tq = (I + L)⁻¹ diag(c e^{γ}). Three launches:
 `prep` (every chunk in parallel: Gram, (I + L)⁻¹, u⁰, Tq), `state` (sequential over the chunks of
 one (sequence, head), O(C·K) per chunk: u and the chunk-entry states), `out` (every chunk in parallel: d_t).
+With `group` G the sequential launch is split in three: the chain's affine map x ↦ M x + m over every group of G
+chunks, all in parallel (`group_map`, K×K), the walk over each sequence's groups (`group_walk`), then `state`
+replaying each group's chunks from its entry: 2G + T/(C·G) dependent steps instead of T/C (`chain_group`).
 
 Backward: the adjoint λ_t = ∂L/∂d_t obeys λ_t = r_t λ_{t+1} − c_t p_t a_t + ∂L/∂d_t (p_t = ⟨λ_{t+1}, a_t⟩), the
 transposed recurrence, so p in a chunk solves (I + Lᵀ) p = e^{Γ − γ̄} ⊙ (A λ_end) + Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩
