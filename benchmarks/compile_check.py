@@ -103,8 +103,9 @@ def chunked_phase1_jobs(BK):
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), chk._chain_launch("state", C, BK)),
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True, G=G), (),
              chk._chain_launch("bwd_state", C, BK)))] + [
-        (chk.phase1_chunk_group_map_kernel, dict(flags, G=16, PREC=solve["PREC"], REVERSE=reverse, BN=map_bn), (),
-         map_launch) for reverse in (False, True)] + [
+        (chk.phase1_chunk_group_map_kernel, dict(flags, G=16, PREC=solve["PREC"], REVERSE=reverse, BN=map_bn,
+                                                 VEC=vec), (), map_launch)
+        for reverse in (False, True) for vec in (False, True)] + [
         (chk.phase1_chunk_group_walk_kernel, dict(HAS_INIT=True, IS_VARLEN=True, C=C, BK=BK, G=16, REVERSE=reverse,
                                                   ONES=not reverse), (), TUNING["phase1_group_walk"])
         for reverse in (False, True)]

@@ -402,17 +402,17 @@ def phase1_chunk_group_map_kernel(
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr,
-    BN: tl.constexpr,
+    BN: tl.constexpr, VEC: tl.constexpr,
 ):
-    """The chain's affine map over group gi, x ↦ M x + m [BK, BK], [BK], columns of M in blocks of BN (program
-    axis 2: a column of M evolves on its own; the first block's programs also form m). Each chunk maps
+    """The chain's affine map over group gi, x ↦ M x + m [BK, BK], [BK]: each chunk maps
     x ↦ e^{γ_C} x + bias_c + Aᵀ(ω ⊙ (y⁰ + σ T (A x))), the state kernels' step, composed in the chain's order.
     Forward (x = d entering): T = Tq, y⁰ = u⁰, ω = e^{γ_C − γ̄}, σ = −1, no bias. REVERSE (x = λ leaving, chunks
-    in reverse): T = Tp, y⁰ = pᵍ, ω = −c e^{γ}, σ = +1, bias = hᵍ. Per chunk M ← e^{γ_C} M + Aᵀ(σω ⊙ T (A M)),
-    three dots of [C, BN] results (PREC), and m the same plus the chunk's constant part, in float32 sums."""
+    in reverse): T = Tp, y⁰ = pᵍ, ω = −c e^{γ}, σ = +1, bias = hᵍ. Per chunk M ← e^{γ_C} M + Aᵀ(σω ⊙ T (A M)):
+    three dots (PREC) for a block of BN columns of M (program axis 2; a column of M evolves on its own). VEC: a
+    launch of its own forms m (the same step plus the chunk's constant part, no dots), which in the same programs
+    as M's columns made them spill (ptxas, sm_90)."""
     gi = tl.program_id(0)
     h = tl.program_id(1)
-    cols = tl.program_id(2) * BN + tl.arange(0, BN)
     n, lo, hi = _group_of(gi, group_seq, group_first, chunk_offsets, T, C, G, IS_VARLEN)
     c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     if (lo == c_first) if REVERSE else (hi == c_last):  # the chain's last group: the walk needs no map of it
@@ -422,34 +422,37 @@ def phase1_chunk_group_map_kernel(
     offs = tl.arange(0, BK)
     rows = tl.arange(0, C)
     cc = rows[:, None] * C + rows[None, :]
-    m_mat = tl.where(offs[:, None] == cols[None, :], 1.0, 0.0)
-    m_vec = tl.zeros([BK], dtype=tl.float32)
+    cols = tl.program_id(2) * BN + tl.arange(0, BN)
+    if VEC:
+        m_vec = tl.zeros([BK], dtype=tl.float32)
+    else:
+        m_mat = tl.where(offs[:, None] == cols[None, :], 1.0, 0.0)
     for j in range(0, hi - lo):
         ci = hi - 1 - j if REVERSE else lo + j
         t, valid, kt, b, lr = _chunk_load(k, beta, r, bos + (ci - c_first) * C, eos, h, H, K, HAS_R, BETA_AWARE,
                                           C, BK)
         a, _, c, _, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
         g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-        t_c = tl.load(tmat + (ci * H + h) * C * C + cc)
-        y0_c = tl.load(y0 + t * H + h, mask=valid, other=0.0)
-        if REVERSE:
-            w = -c * tl.exp(g)
-            shift = tl.load(bias + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-        else:
-            w = -tl.exp(g_end - g_incl)
-            shift = tl.zeros([BK], dtype=tl.float32)
-        ty = tl.dot(t_c, tl.dot(a, m_mat, input_precision=PREC), input_precision=PREC)
-        ty_vec = tl.sum(t_c * tl.sum(a * m_vec[None, :], axis=1)[None, :], axis=1)
         rho = tl.exp(g_end)
-        m_mat = rho * m_mat + tl.dot(tl.trans(a), w[:, None] * ty, input_precision=PREC)
-        if REVERSE:
-            y_vec = y0_c + ty_vec
+        t_c = tl.load(tmat + (ci * H + h) * C * C + cc)
+        w = -c * tl.exp(g) if REVERSE else -tl.exp(g_end - g_incl)
+        if VEC:
+            ty_vec = tl.sum(t_c * tl.sum(a * m_vec[None, :], axis=1)[None, :], axis=1)
+            y0_c = tl.load(y0 + t * H + h, mask=valid, other=0.0)
+            if REVERSE:
+                y_vec = y0_c + ty_vec
+                shift = tl.load(bias + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
+            else:
+                y_vec = ty_vec - y0_c  # σω (y⁰ + σ T A m) with σ = −1, ω = −w
+                shift = tl.zeros([BK], dtype=tl.float32)
+            m_vec = rho * m_vec + shift + tl.sum((w * y_vec)[:, None] * a, axis=0)
         else:
-            y_vec = ty_vec - y0_c  # σω (y⁰ + σ T A m) with σ = −1, ω = −w
-        m_vec = rho * m_vec + shift + tl.sum((w * y_vec)[:, None] * a, axis=0)
-    tl.store(maps + ((gi * H + h) * BK + offs[:, None]) * BK + cols[None, :], m_mat)
-    if tl.program_id(2) == 0:
+            ty = tl.dot(t_c, tl.dot(a, m_mat, input_precision=PREC), input_precision=PREC)
+            m_mat = rho * m_mat + tl.dot(tl.trans(a), w[:, None] * ty, input_precision=PREC)
+    if VEC:
         tl.store(shifts + (gi * H + h) * BK + offs, m_vec)
+    else:
+        tl.store(maps + ((gi * H + h) * BK + offs[:, None]) * BK + cols[None, :], m_mat)
 
 
 @triton.jit
@@ -620,10 +623,11 @@ def _group_entries(prep, offsets, cu_seqlens, tmat, y0, bias, x_init, x_final, G
     cu = cu_seqlens if cu_seqlens is not None else k
     launch = dict(TUNING["phase1_group_map"])
     BN = min(launch.pop("BN"), BK)
-    phase1_chunk_group_map_kernel[(NG, H, BK // BN)](
-        k, beta, r, eta, offsets, cu, gseq, gfirst, tmat, y0, bias if bias is not None else y0, maps, shifts,
-        T, H, K, EPS, **gains, **flags, G=G, PREC=prec, REVERSE=reverse, BN=BN, **launch,
-    )
+    for vec, grid in ((False, (NG, H, BK // BN)), (True, (NG, H, 1))):  # M's columns, then m
+        phase1_chunk_group_map_kernel[grid](
+            k, beta, r, eta, offsets, cu, gseq, gfirst, tmat, y0, bias if bias is not None else y0, maps, shifts,
+            T, H, K, EPS, **gains, **flags, G=G, PREC=prec, REVERSE=reverse, BN=BN, VEC=vec, **launch,
+        )
     phase1_chunk_group_walk_kernel[(N, H)](
         x_init if x_init is not None else x_final, maps, shifts, x_grp, x_final, goffs, T, H, K,
         HAS_INIT=x_init is not None, IS_VARLEN=flags["IS_VARLEN"], C=C, BK=BK, G=G, REVERSE=reverse,
