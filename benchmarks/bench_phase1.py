@@ -251,6 +251,8 @@ def main():
                         help="no timing: compile every kernel for sm_90 (no GPU needed) and report registers/spills")
     parser.add_argument("--newton", action="store_true", help="also time Newton over chunks (clip included)")
     parser.add_argument("--groups", default="0", help="comma-separated chain groups of the chunk form (0: ungrouped)")
+    parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
+                        help="comma-separated BxTxHxK shapes (default: the three of issue 6 at 16K tokens)")
     parser.add_argument("--profile", default="",
                         help="comma-separated variants (e.g. seq,chunk64-blockwise-ieee) to break into CUDA kernels "
                              "(torch.profiler, forward+backward) at every shape")
@@ -265,7 +267,7 @@ def main():
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
     dtype = getattr(torch, args.dtype)
-    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    shapes = SMOKE_SHAPES if args.smoke else [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     chunk_sizes = [16] if args.smoke else [int(c) for c in args.chunk_sizes.split(",")]
     groups = [int(g) or None for g in args.groups.split(",")]
     configs = variants(chunk_sizes, args.solvers.split(","), args.precisions.split(","), args.newton, groups)
