@@ -157,14 +157,14 @@ def profile(shape, dtype, device, options, name):
     from profile_phase2 import kernel_table  # benchmarks/ is on sys.path when this script runs
 
     B, T, H, K = shape
-    x, _ = make_inputs(B, T, H, K, dtype, device, apf=False)
+    x, leaves = make_inputs(B, T, H, K, dtype, device, apf=False)
     gd_all = torch.randn(B, T, H, K, device=device)
 
     def forward_backward():
         d_all, _ = preconditioner_scan(x["k"], x["beta"], eta=x["eta"], r=x["r"], d0=x["d0"], **options)
         torch.autograd.backward([d_all], [gd_all])
 
-    table = [dict(kernel=n, us=round(us, 2), launches=c) for n, us, c in kernel_table(forward_backward)]
+    table = [dict(kernel=n, us=round(us, 2), launches=c) for n, us, c in kernel_table(forward_backward, leaves=leaves)]
     print(f"profile {name} {shape}:", json.dumps(table), flush=True)
     return dict(B=B, T=T, H=H, K=K, variant=name, kernels=table)
 
