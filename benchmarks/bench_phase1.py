@@ -70,9 +70,9 @@ def make_inputs(B, T, H, K, dtype, device, apf: bool):
     return dict(k=k, beta=beta, r=r, d0=d0, eta=eta), leaves
 
 
-def variants(chunk_sizes, solvers, precisions, newton=False):
+def variants(chunk_sizes, solvers, precisions, newton=False, groups=(None,)):
     """(name, scan options): the sequential scan without and with the clip, Newton over chunks of 64 with the clip
-    (if asked), then every chunk configuration."""
+    (if asked), then every chunk configuration, its chains walked one chunk at a time or in groups (`-g<G>`)."""
     out = [("seq", dict(chunked=False)), ("seq+clip", dict(chunked=False, d_min=2 / 3, d_max=1.5))]
     if newton:
         out.append(("newton64+clip", dict(newton=True, chunk_size=64, d_min=2 / 3, d_max=1.5)))
@@ -81,8 +81,9 @@ def variants(chunk_sizes, solvers, precisions, newton=False):
     for c in chunk_sizes:
         for solver in solvers:
             for prec in precisions:
-                out.append((f"chunk{c}-{solver}-{prec}",
-                            dict(chunked=True, chunk_size=c, solver=solver, dot_precision=prec)))
+                for group in groups:
+                    out.append((f"chunk{c}-{solver}-{prec}" + (f"-g{group}" if group else ""),
+                                dict(chunked=True, chunk_size=c, solver=solver, dot_precision=prec, chain_group=group)))
     return out
 
 
@@ -156,14 +157,14 @@ def profile(shape, dtype, device, options, name):
     from profile_phase2 import kernel_table  # benchmarks/ is on sys.path when this script runs
 
     B, T, H, K = shape
-    x, _ = make_inputs(B, T, H, K, dtype, device, apf=False)
+    x, leaves = make_inputs(B, T, H, K, dtype, device, apf=False)
     gd_all = torch.randn(B, T, H, K, device=device)
 
     def forward_backward():
         d_all, _ = preconditioner_scan(x["k"], x["beta"], eta=x["eta"], r=x["r"], d0=x["d0"], **options)
         torch.autograd.backward([d_all], [gd_all])
 
-    table = [dict(kernel=n, us=round(us, 2), launches=c) for n, us, c in kernel_table(forward_backward)]
+    table = [dict(kernel=n, us=round(us, 2), launches=c) for n, us, c in kernel_table(forward_backward, leaves=leaves)]
     print(f"profile {name} {shape}:", json.dumps(table), flush=True)
     return dict(B=B, T=T, H=H, K=K, variant=name, kernels=table)
 
@@ -182,7 +183,8 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
 
     tools = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     types = dict(T="i32", H="i32", K="i32", eps="fp32", d_min="fp32", d_max="fp32", k="*bf16", beta="*bf16",
-                 cu_seqlens="*i32", chunk_seq="*i32", chunk_start="*i32", chunk_offsets="*i32")
+                 cu_seqlens="*i32", chunk_seq="*i32", chunk_start="*i32", chunk_offsets="*i32", group_seq="*i32",
+                 group_first="*i32")
 
     def usage(fn, constexprs, num_warps, num_stages=3):
         signature = {n: "constexpr" if n in constexprs else types.get(n, "*fp32") for n in fn.arg_names}
@@ -226,8 +228,12 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
                                                                                   STORE_L=True)))
                     rows[-1]["solver"] = "blockwise L"
         chain = {st: chk._chain_launch(st, C, BK) for st in ("state", "bwd_state")}
-        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True), **chain["state"]),
-                 usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True), **chain["bwd_state"])]
+        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"]),
+                 usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True, G=0), **chain["bwd_state"])]
+        for bn, warps in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 8)):  # the grouped chains' map, [K, BN] of M per program
+            rows += [usage(chk.phase1_chunk_group_map_kernel, dict(flags, C=C, G=16, PREC="tf32", REVERSE=reverse,
+                                                                   BN=bn, VEC=vec), warps, 1)
+                     for reverse in (False, True) for vec in (False, True)]
     for row in rows:
         print(json.dumps(row), flush=True)
     return rows
@@ -244,6 +250,9 @@ def main():
     parser.add_argument("--ptxas", action="store_true",
                         help="no timing: compile every kernel for sm_90 (no GPU needed) and report registers/spills")
     parser.add_argument("--newton", action="store_true", help="also time Newton over chunks (clip included)")
+    parser.add_argument("--groups", default="0", help="comma-separated chain groups of the chunk form (0: ungrouped)")
+    parser.add_argument("--shapes", default=",".join("x".join(map(str, s)) for s in SHAPES),
+                        help="comma-separated BxTxHxK shapes (default: the three of issue 6 at 16K tokens)")
     parser.add_argument("--profile", default="",
                         help="comma-separated variants (e.g. seq,chunk64-blockwise-ieee) to break into CUDA kernels "
                              "(torch.profiler, forward+backward) at every shape")
@@ -258,9 +267,10 @@ def main():
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
     dtype = getattr(torch, args.dtype)
-    shapes = SMOKE_SHAPES if args.smoke else SHAPES
+    shapes = SMOKE_SHAPES if args.smoke else [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]
     chunk_sizes = [16] if args.smoke else [int(c) for c in args.chunk_sizes.split(",")]
-    configs = variants(chunk_sizes, args.solvers.split(","), args.precisions.split(","), args.newton)
+    groups = [int(g) or None for g in args.groups.split(",")]
+    configs = variants(chunk_sizes, args.solvers.split(","), args.precisions.split(","), args.newton, groups)
     rows = [row for shape in shapes for row in bench_shape(shape, dtype, device, configs, cuda)]
     profiles = [profile(shape, dtype, device, dict(configs)[name], name) for name in filter(None, args.profile.split(","))
                 for shape in shapes] if cuda else []

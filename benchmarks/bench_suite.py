@@ -154,7 +154,7 @@ def phase1_form_used(x, eta, extra):
 def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, variants=None, cudagraph=False):
     import osdn_fast
     import osdn_ref
-    from osdn_fast.ops.chunk import PHASE1_CHUNKED
+    from osdn_fast.ops.chunk import PHASE1_CHUNKED, phase1_group
     from osdn_fast.ops.phase1 import preconditioner_scan
 
     B, T, H, D = shape
@@ -194,10 +194,11 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, v
         run(name, "osdn_fast", call, leaves, do)
         if not sweep_only and name in ("osdn", "osdn_clip", "osdn_apf_clip"):
             k, beta = x["k"], x["beta"]
-            form = phase1_form_used(x, eta, extra)
-            if form == "chunked":
+            form, group = phase1_form_used(x, eta, extra), phase1_group(k, None)
+            if form == "chunked":  # with its chains grouped where chunk_osdn groups them (version 11)
                 scan = dict(chunked=True, dot_precision=PHASE1_CHUNKED["precision"], solver=PHASE1_CHUNKED["solver"],
-                            chunk_size=PHASE1_CHUNKED["chunk_size"])
+                            chunk_size=PHASE1_CHUNKED["chunk_size"], chain_group=group)
+                form += "" if group is None else f", chains grouped by {group}"
             elif form == "newton":  # rounds to convergence (host-synchronised), where chunk_osdn runs a fixed number
                 scan = dict(extra, newton=True, newton_jacobian="diagonal", chunk_size=64)
             else:
@@ -214,7 +215,8 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, v
         if not sweep_only and name == "osdn":  # the unclipped chunk form at every shape
             p1c = lambda k=k, beta=beta: preconditioner_scan(  # noqa: E731
                 k, beta, eta=eta, chunked=True, dot_precision=PHASE1_CHUNKED["precision"],
-                solver=PHASE1_CHUNKED["solver"], chunk_size=PHASE1_CHUNKED["chunk_size"])[0]
+                solver=PHASE1_CHUNKED["solver"], chunk_size=PHASE1_CHUNKED["chunk_size"],
+                chain_group=phase1_group(k, None))[0]
             run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn" and T <= REF_MAX_T:
             call_ref = lambda x=x: osdn_ref.chunk_osdn(**x, eta=eta)[0]  # noqa: E731

@@ -79,6 +79,7 @@ def chunked_phase1_jobs(BK):
     """The unclipped chunk form of phase 1 with chunk_osdn's settings (chunk.PHASE1_CHUNKED), every flag on."""
     from osdn_fast.ops import phase1_chunk as chk
     from osdn_fast.ops.chunk import PHASE1_CHUNKED
+    from osdn_fast.ops.tuning import TUNING
 
     C = PHASE1_CHUNKED["chunk_size"]
     solve = chk._solver_flags(C, PHASE1_CHUNKED["solver"], PHASE1_CHUNKED["precision"])
@@ -89,15 +90,25 @@ def chunked_phase1_jobs(BK):
         return dict(constexprs, KB=launch.pop("KB")), (), launch
 
     solved = dict(flags, **solve)
+    map_launch = dict(TUNING["phase1_group_map"])
+    map_bn = map_launch.pop("BN")
     out_flags = dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"], STORE_KT=True, HAS_MIN=True,
                      HAS_MAX=True, STORE_D=True)
     return [(chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=False, STORE_L=True))),
             (chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=True, STORE_L=False))),
-            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True), (), chk._chain_launch("state", C, BK)),
             (chk.phase1_chunk_out_kernel, *tiled("out", out_flags)),
             (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", dict(solved, HAS_INV=True, FUSED=True))),
-            (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True), (), chk._chain_launch("bwd_state", C, BK)),
-            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True)))]
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True)))] + [
+        job for G in (0, 16) for job in (  # the chains, one chunk at a time and replaying groups of 16
+            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), chk._chain_launch("state", C, BK)),
+            (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True, G=G), (),
+             chk._chain_launch("bwd_state", C, BK)))] + [
+        (chk.phase1_chunk_group_map_kernel, dict(flags, G=16, PREC=solve["PREC"], REVERSE=reverse, BN=map_bn,
+                                                 VEC=vec), (), map_launch)
+        for reverse in (False, True) for vec in (False, True)] + [
+        (chk.phase1_chunk_group_walk_kernel, dict(HAS_INIT=True, IS_VARLEN=True, C=C, BK=BK, G=16, REVERSE=reverse,
+                                                  ONES=not reverse), (), TUNING["phase1_group_walk"])
+        for reverse in (False, True)]
 
 
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
@@ -116,7 +127,8 @@ def signature(kernel, constexprs, none_args, dtype):
             types[name] = "i32"
         elif name in ("scale", "eps", "d_min", "d_max", "tol"):
             types[name] = "fp32"
-        elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets", "chunk_seq", "chunk_start", "outside", "guard"):
+        elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets", "chunk_seq", "chunk_start", "outside", "guard",
+                      "group_seq", "group_first", "group_offsets"):
             types[name] = "*i32"
         else:
             types[name] = f"*{dtype}" if name in INPUT_DTYPE else "*fp32"

@@ -10,6 +10,8 @@
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
 #   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
 #   STEPS="validate pytest phase1" bash benchmarks/gpu_session.sh    # a new phase-1 form: checks, then its timings
+#   STEPS="validate phase1 profile_op" PHASE1_ARGS="--chunk-sizes 64 --solvers blockwise --precisions tf32 --groups 0,8,16" ...
+#       (phase 1's chains walked in groups, version 11: validated, timed alone per group size, then the whole op)
 #   STEPS=pytest PYTEST_TESTS=tests/test_fast_chunk.py PYTEST_K="newton or speculates" bash benchmarks/gpu_session.sh
 #   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
 #   STEPS=profile SWEEP_S=60 PROFILE_ARGS="--shape 1x16384x16x128 --stages state_fwd,state_bwd" bash benchmarks/gpu_session.sh
@@ -35,7 +37,7 @@ has pytest && step pytest "${PYTEST_S:-150}" python3 -m pytest -q -x -p no:cache
     tests/test_fast_phase1_newton.py tests/test_fast_phase1.py tests/test_fast_chunk.py} \
     -k "${PYTEST_K:-newton or guarded or fused or chunked or speculates or solver}"
 has phase1 && step phase1 "${PHASE1_S:-90}" python3 benchmarks/bench_phase1.py --out "$OUT/phase1_bench.json" \
-    --newton --chunk-sizes 64 --solvers blockwise --precisions tf32
+    ${PHASE1_ARGS:---newton --chunk-sizes 64 --solvers blockwise --precisions tf32}
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
 has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}" ${PROFILE_ARGS:-}
 has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}

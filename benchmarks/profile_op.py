@@ -55,7 +55,7 @@ def measure(fn, leaves):
     except Exception as err:  # noqa: BLE001 (a call that cannot be captured is reported, not fatal)
         graph = f"{type(err).__name__}: {str(err).splitlines()[0][:160]}"
         torch.cuda.synchronize()
-    kernels = kernel_table(fn)
+    kernels = kernel_table(fn, leaves=leaves)
     return median, graph, sum(us for _, us, _ in kernels), kernels
 
 

@@ -33,6 +33,7 @@ OPTIONS = dict(eta=0.003, d_min=2 / 3, d_max=1.5)
 SPACE = dict(BV=(32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))
 SOLVE_SPACE = dict(BV=(64,), num_warps=(1, 2, 4), num_stages=(1,))  # 16×16 tiles: few warps
 PHASE1_SPACE = dict(KB=(16, 32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))  # phase 1's chunk-parallel kernels
+GROUP_SPACE = dict(BN=(32, 64, 128), num_warps=(4, 8), num_stages=(1,))  # the grouped chains' map (columns BN) and walk
 
 
 def inputs(B, T, H, D, device, gate=False):
@@ -44,14 +45,19 @@ def inputs(B, T, H, D, device, gate=False):
     return {n: t.to(device, torch.bfloat16).requires_grad_() for n, t in x.items()}
 
 
-def kernel_table(fn, iters=10):
-    """[(kernel name, µs per call of fn, launches per call)] from torch.profiler, slowest first."""
+def kernel_table(fn, iters=10, leaves=()):
+    """[(kernel name, µs per call of fn, launches per call)] from torch.profiler, slowest first. `leaves`' grads are
+    reset before each call, as do_bench's grad_to_none does: otherwise a backward's gradients are added into the
+    previous call's (one elementwise launch per leaf, ~35 µs each for a [1, 16384, 16, 128] bf16 tensor), which the
+    tables up to version 11 counted."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(iters):
+            for x in leaves:
+                x.grad = None
             fn()
         torch.cuda.synchronize()
     rows = []
@@ -110,7 +116,7 @@ def phase1_calls(x, H):
     (bwd_prep, bwd_out, and the chains state, bwd_state: warps and stages only) with phase 2's gradients fused in;
     the other kernels of the call run at fixed settings."""
     from osdn_fast.ops.chunk import PHASE1_CHUNKED
-    from osdn_fast.ops.phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
+    from osdn_fast.ops.phase1_chunk import chain_group, phase1_bwd_chunk, phase1_fwd_chunk
 
     k, beta = x["k"].detach(), x["beta"].detach()
     eta = torch.full((H,), OPTIONS["eta"], dtype=torch.float32, device=k.device)
@@ -120,13 +126,20 @@ def phase1_calls(x, H):
     grads = (torch.randn_like(k, dtype=torch.float32), torch.randn_like(k, dtype=torch.float32),
              torch.randn_like(beta, dtype=torch.float32))
     bwd = lambda: phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, **flags)  # noqa: E731
+    group = chain_group(k.shape[1] / PHASE1_CHUNKED["chunk_size"])  # the grouped chains: forward and backward
+
+    def grouped():
+        phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, group=group, **flags)
+        phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, group=group, **flags)
+
     return {"phase1_bwd_out": bwd, "phase1_bwd_state": bwd, "phase1_state": fwd, "phase1_bwd_prep": bwd,
-            "phase1_out": fwd, "phase1_prep": fwd}  # slowest first (version 8's profile)
+            "phase1_out": fwd, "phase1_prep": fwd,  # slowest first (version 8's profile)
+            "phase1_group_map": grouped, "phase1_group_walk": grouped}
 
 
 def sweep(calls, budget_s):
     """Time every stage under every setting of its space (SPACE; BV only where the stage has value tiles; phase 1's
-    chunk-parallel kernels: PHASE1_SPACE, key-channel blocks KB)."""
+    chunk-parallel kernels: PHASE1_SPACE, key-channel blocks KB; the grouped chains: GROUP_SPACE, map columns BN)."""
     import triton.testing
 
     from osdn_fast.ops.tuning import TUNING
@@ -135,7 +148,8 @@ def sweep(calls, budget_s):
     results, start = {}, time.time()
     for stage, call in calls.items():
         results[stage] = []
-        space = SOLVE_SPACE if stage == "solve" else PHASE1_SPACE if stage.startswith("phase1_") else SPACE
+        space = SOLVE_SPACE if stage == "solve" else GROUP_SPACE if stage.startswith("phase1_group") else \
+            PHASE1_SPACE if stage.startswith("phase1_") else SPACE
         tile = next(iter(space))  # BV or KB
         for size, warps, stages in itertools.product(*space.values()):
             if time.time() - start > budget_s:
@@ -164,7 +178,7 @@ def sweep(calls, budget_s):
         ok = [r for r in rows if r["ms"] == r["ms"]]
         if ok:
             r = min(ok, key=lambda r: r["ms"])
-            best[stage] = {k: r[k] for k in ("BV", "KB", "num_warps", "num_stages") if k in r}
+            best[stage] = {k: r[k] for k in ("BV", "KB", "BN", "num_warps", "num_stages") if k in r}
     return results, best, None
 
 
@@ -201,7 +215,8 @@ def main(argv=None):
     ap.add_argument("--shape", default="x".join(map(str, SHAPE)), help="BxTxHxD (default: the tuning shape)")
     ap.add_argument("--stages", help="comma-separated stages to sweep (default: all), e.g. state_fwd,state_bwd or "
                                      "phase1_bwd_out (phase 1's chunk-form kernels: phase1_prep, phase1_out, "
-                                     "phase1_bwd_prep, phase1_bwd_out, and the chains phase1_state, phase1_bwd_state)")
+                                     "phase1_bwd_prep, phase1_bwd_out, the chains phase1_state, phase1_bwd_state, and "
+                                     "the grouped chains' phase1_group_map, phase1_group_walk)")
     args = ap.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split("x"))
     import triton
@@ -229,7 +244,7 @@ def main(argv=None):
         tables.update({"fla fwd": fla_fwd, "fla fwd+bwd": lambda: fla_fwd().backward(do)})
     result["kernels"] = {}
     for name, fn in tables.items():
-        rows = kernel_table(fn)
+        rows = kernel_table(fn, leaves=[t for t in x.values() if torch.is_tensor(t) and t.requires_grad])
         result["kernels"][name] = rows
         print(f"{name}: {sum(r[1] for r in rows):.1f} µs of kernels", flush=True)
         for kname, us, n in rows[:14]:

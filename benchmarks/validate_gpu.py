@@ -20,6 +20,7 @@ exits 1 when a row is above its threshold (after writing).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import datetime as dt
 import hashlib
@@ -51,7 +52,8 @@ UNCLIPPED = dict(eta=0.5)  # the same without the clip (run in bfloat16)
 IDLE_CLIP = dict(eta=0.003, d_min=2 / 3, d_max=1.5)  # the authors' η: over these lengths d stays inside the clip
 APF_CLIP = dict(OPTIONS, apf=True)  # OSDN-APF with the clip: the floor binds (chunk_osdn's quasi-Newton form)
 # chunk_osdn's phase 1 is the sequential scan below a mean length of 4096 (all shapes above): the runs marked
-# "chunked" force the chunk form (chunk.PHASE1_CHUNKED_MIN_T = 1), unclipped and with the idle clip
+# "chunked" force the chunk form (chunk.PHASE1_CHUNKED_MIN_T = 1), unclipped and with the idle clip; "grouped" also
+# makes its chains walk groups of chunks (phase1_forced)
 
 
 def kernel_digest() -> str:
@@ -104,13 +106,28 @@ def rel_rmse(a, e):
     return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
 
 
+@contextlib.contextmanager
+def phase1_forced(chunk_ops, phase1):
+    """chunk_osdn's choice of phase-1 form for one case: "auto" as shipped; "chunked" forces the chunk form at any
+    length; "grouped" also makes its chains walk groups of chunks (chunk.phase1_group) at any length and count."""
+    forced = dict(chunked=dict(PHASE1_CHUNKED_MIN_T=1),
+                  grouped=dict(PHASE1_CHUNKED_MIN_T=1, PHASE1_GROUP_MIN_CHUNKS=2, PHASE1_GROUP_MAX_CHAINS=1 << 30))
+    saved = {name: getattr(chunk_ops, name) for name in forced.get(phase1, {})}
+    try:
+        for name, value in forced.get(phase1, {}).items():
+            setattr(chunk_ops, name, value)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(chunk_ops, name, value)
+
+
 def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     import osdn_fast
     import osdn_fast.ops.chunk as chunk_ops
     import osdn_ref
     from osdn_fast.ops.common import block_dims, chain_launch, chain_stage
 
-    chunk_ops.PHASE1_CHUNKED_MIN_T = 1 if phase1 == "chunked" else 4096
 
     B, T, H, D = shape
     N = B if cu is None else len(cu) - 1
@@ -121,9 +138,10 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     state_tier = chain_stage("state_bwd", *block_dims(D, D), D, N * H, torch.device(device))[len("state_bwd_"):] \
         or "standard"
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
-    fast = run(osdn_fast.chunk_osdn, x, cot, cu_t, options)
-    with torch.no_grad():  # a forward that no backward follows (phase 1 then skips d_all): the same results
-        o, (S, d) = forward(osdn_fast.chunk_osdn, x, cu_t, options)
+    with phase1_forced(chunk_ops, phase1):
+        fast = run(osdn_fast.chunk_osdn, x, cot, cu_t, options)
+        with torch.no_grad():  # a forward that no backward follows (phase 1 then skips d_all): the same results
+            o, (S, d) = forward(osdn_fast.chunk_osdn, x, cu_t, options)
     without_grad = {"o": o, "S": S, "d": d}
     ref = run(osdn_ref.chunk_osdn, {n: None if t is None else t.double() for n, t in x.items()}, cot,
               None if cu is None else cu_t.long(), options)
@@ -231,6 +249,7 @@ def main(argv=None):
     runs += [(torch.bfloat16, gate, UNCLIPPED, "chunked") for gate in (False, True)]
     runs += [(torch.bfloat16, False, IDLE_CLIP, "chunked"), (torch.float16, True, UNCLIPPED, "chunked")]
     runs += [(torch.bfloat16, False, APF_CLIP, "auto"), (torch.bfloat16, True, APF_CLIP, "chunked")]
+    runs += [(torch.bfloat16, False, UNCLIPPED, "grouped")]
     for dtype, gate, options, phase1 in runs:
         for shape, cu in cases:
             t = time.perf_counter()

@@ -98,6 +98,31 @@ def test_matches_reference_with_chunked_phase1(p, chunk_size):
         compare(*as_tensors(p), chunk_size)
 
 
+@settings(max_examples=6)
+@given(p=problems(dtypes=(torch.float64,), T=st.sampled_from([33, 70, 130]), gates=("none",),
+                  K=st.sampled_from([3, 16]), V=st.sampled_from([2, 16])))
+def test_matches_reference_with_grouped_phase1_chains(p):
+    """The same with phase 1's chains walked in groups of chunks (chunk.phase1_group, forced at any length and
+    number of chains, as validate_gpu.py's "grouped" runs force it)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
+        patch.setattr(chunk_ops, "PHASE1_GROUP_MIN_CHUNKS", 2)
+        patch.setattr(chunk_ops, "PHASE1_GROUP_MAX_CHAINS", 1 << 30)
+        compare(*as_tensors(p), 16)
+
+
+def test_phase1_group_rule():
+    """chunk_osdn groups phase 1's chains only for long sequences on few chains: at (1, 16384, 16, 128) in groups
+    of 16 chunks of 64; at (2, 8192, 16, 128) (32 chains), (4, 4096, 16, 128) and below 32 chunks per sequence not
+    at all."""
+    def group(B, T, H, cu=None):
+        return chunk_ops.phase1_group(torch.empty(B, T, H, 1, device="meta"), cu)
+
+    assert group(1, 16384, 16) == 16 and group(1, 4096, 16) == 8 and group(1, 8192, 8) == 16
+    assert group(2, 8192, 16) is None and group(4, 4096, 16) is None and group(1, 2000, 16) is None
+    assert group(1, 16384, 4, torch.tensor([0, 4096, 8192, 12288, 16384])) == 8  # packed: per sequence, mean
+
+
 @pytest.mark.parametrize("eta, r, form, acted", [(0.01, False, "speculative", False), (2.0, False, "speculative", True),
                                                  (0.01, True, "newton", None), (2.0, True, "newton", None)])
 def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch):
@@ -156,14 +181,14 @@ def test_newton_phase1_forward_and_backward(rounds, monkeypatch):
 
 @pytest.mark.parametrize("eta, r, clip, form", [(0.5, False, False, "sequential"), (0.5, False, False, "chunked"),
                                                 (0.01, False, True, "speculative"), (2.0, False, True, "speculative"),
-                                                (0.5, True, True, "newton")])
+                                                (0.5, True, True, "newton"), (0.5, True, True, "sequential")])
 def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     """When no input needs a gradient, phase 1 does not write d_all (only the backward reads it), in every form,
     the speculation's redo included; the op's results are bitwise those of a call that keeps it for a backward."""
     monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 10**9 if form == "sequential" else 1)
     _, (q, k, v, beta) = make_tensors(6, 2, 150, 2, 8, 8, torch.float32)
     q, k, v, beta = (x.to(DEVICE) for x in (q, k, v, beta))
-    rr = torch.full(beta.shape, 0.95, device=DEVICE) if r else None
+    rr = torch.full(beta.shape, 0.95, device=DEVICE, dtype=torch.bfloat16) if r else None  # as the suite passes r
     eta_h = torch.full((2,), eta, device=DEVICE)
     p1 = dict(d_min=0.9 if clip else None, d_max=1.1 if clip else None, beta_aware=True, normalize=True)
     kept = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)

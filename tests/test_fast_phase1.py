@@ -108,7 +108,8 @@ def fast(x, p, chunked, parallel=False, newton=False):
         cu = torch.tensor([0] + p["lengths"], device=DEVICE).cumsum(0).to(torch.int32)
     d_all, d_final = preconditioner_scan(
         y["k"], y["beta"], eta=y["eta"], r=y["r"], d0=y["d0"], cu_seqlens=cu, chunked=chunked,
-        parallel=parallel, newton=newton, chunk_size=p["chunk_size"], solver=p["solver"], **p["options"],
+        parallel=parallel, newton=newton, chunk_size=p["chunk_size"], solver=p["solver"],
+        chain_group=p.get("group"), **p["options"],
     )
     return y, d_all, d_final
 
@@ -219,6 +220,59 @@ def test_every_solver_matches_reference(solver, chunk_size):
              d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
              chunk_size=chunk_size, solver=solver, seed=11)
     against_reference(make_inputs(p), p, chunked=True)
+
+
+@settings(max_examples=12, deadline=None)
+@given(phase1_problems(clip=False), st.sampled_from([2, 4]))
+def test_grouped_chains_match_reference(p, group):
+    """The chunk form's chains walked in groups of chunks (chain_group: every group's affine map in parallel, a walk
+    over the groups, a replay of each group's chunks), forward and backward, against float64."""
+    compare(dict(p, group=group), chunked=True)
+
+
+@pytest.mark.parametrize("group, bn", [(2, 64), (4, 16), (8, 16)])
+def test_grouped_chains_over_many_chunks(group, bn, monkeypatch):
+    """The same over ten chunks of 16 in packed sequences of 5, 1 and 4 chunks (partial groups, a partial chunk, a
+    one-chunk sequence), APF, d_0, a zero key and η large enough that d moves by O(1); the maps formed in one
+    block of columns (BN ≥ K) or two (BN = 16 at K = 24)."""
+    from osdn_fast.ops.tuning import TUNING
+
+    monkeypatch.setitem(TUNING, "phase1_group_map", dict(TUNING["phase1_group_map"], BN=bn))
+    p = dict(B=1, T=150, H=2, K=24, lengths=[70, 1, 79], options=dict(beta_aware=True, normalize=True, d_min=None,
+             d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
+             chunk_size=16, solver="blockwise", seed=5, group=group)
+    against_reference(make_inputs(p), p, chunked=True)
+
+
+def test_grouped_chains_equal_the_chunk_walk_with_an_empty_sequence():
+    """Grouped and ungrouped chains of phase1_fwd_chunk / phase1_bwd_chunk agree to float32 round-off on packed
+    sequences one of which is empty (its d_final = d_0 and ∂d_0 = ∂L/∂d_final come from the walk alone); a group
+    that is not a power of two is refused by name."""
+    from osdn_fast.ops.phase1_chunk import phase1_bwd_chunk, phase1_fwd_chunk
+
+    gen = torch.Generator().manual_seed(4)
+    T, H, K = 150, 2, 32
+    k = F.normalize(torch.randn(1, T, H, K, generator=gen), dim=-1).to(DEVICE)
+    beta, r = torch.rand(1, T, H, generator=gen).to(DEVICE), (0.9 + 0.1 * torch.rand(1, T, H, generator=gen)).to(DEVICE)
+    d0 = (0.5 + torch.rand(3, H, K, generator=gen)).to(DEVICE)
+    eta = torch.full((H,), 0.5, device=DEVICE)
+    cu = torch.tensor([0, 40, 40, 150], dtype=torch.int32, device=DEVICE)
+    gd_all, gd_final = torch.randn(1, T, H, K, generator=gen).to(DEVICE), torch.randn(3, H, K, generator=gen).to(DEVICE)
+    opts = dict(beta_aware=True, normalize=True, cu_seqlens=cu, chunk_size=16, solver="blockwise")
+    walked = phase1_fwd_chunk(k, beta, r, d0, eta, **opts)
+    grouped = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, group=2)
+    assert torch.equal(grouped[1][1], d0[1])
+    for a, b in zip(walked, grouped):
+        osdn_ref.check("d", b, a, FORWARD_TOL)
+    walked = phase1_bwd_chunk(k, beta, r, eta, walked[0], gd_all, gd_final, **opts)
+    grouped = phase1_bwd_chunk(k, beta, r, eta, grouped[0], gd_all, gd_final, **opts, group=4)
+    assert torch.equal(grouped[3][1], gd_final[1])
+    for name, a, b in zip(("dk", "dbeta", "dr", "dd0", "deta"), walked, grouped):
+        close(name, b, a, FORWARD_TOL)
+    with pytest.raises(ValueError, match="group"):
+        phase1_fwd_chunk(k, beta, r, d0, eta, **opts, group=3)
+    with pytest.raises(ValueError, match="chain_group"):
+        preconditioner_scan(k, beta, eta=0.5, chain_group=2)
 
 
 @pytest.mark.parametrize("kb", [16, 32, 64])

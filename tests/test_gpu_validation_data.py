@@ -82,3 +82,14 @@ def test_timings_recorded():
     """First forward and forward+backward timings at (4, 4096, 16, 128) bfloat16."""
     t = [r for r in load()["timings"] if (r["B"], r["T"], r["H"], r["D"]) == (4, 4096, 16, 128)]
     assert t and all(r["fwd_ms"] > 0 and r["fwd_bwd_ms"] > 0 for r in t)
+
+
+def test_grouped_chains_coverage():
+    """The chunk form with phase 1's chains walked in groups of chunks (validate_gpu.py's "grouped" run): every
+    case of the validation, forward and every gradient."""
+    rows = load()["rows"]
+    case = lambda r: (r["B"], r["T"], r["H"], r["D"], r["varlen"])  # noqa: E731
+    grouped = [r for r in rows if r["phase1"] == "grouped"]
+    assert {case(r) for r in grouped} == {case(r) for r in rows}
+    for c in {case(r) for r in grouped}:
+        assert NAMES <= {r["name"] for r in grouped if case(r) == c}, c

@@ -19,7 +19,7 @@ from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
-from .phase1_chunk import chunk_inverses, phase1_bwd_chunk, phase1_fwd_chunk
+from .phase1_chunk import chain_group, chunk_inverses, phase1_bwd_chunk, phase1_fwd_chunk
 from .phase1_newton import phase1_bwd_newton, phase1_fwd_newton
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
@@ -88,6 +88,8 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
 PHASE1_CHUNKED_MIN_T = 4096  # mean sequence length from which phase 1 runs chunk-parallel (NOTES.md, version 5)
 PHASE1_CHUNKED = dict(chunk_size=64, solver="blockwise", precision="tf32")
+PHASE1_GROUP_MIN_CHUNKS = 32  # the chunk form's chains walk groups of chunks from this many chunks per sequence (mean)
+PHASE1_GROUP_MAX_CHAINS = 16  # ... when at most this many (sequence, head) chains run (NOTES, after version 10)
 PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=6)
 
 
@@ -102,6 +104,16 @@ def phase1_form(T_mean: float, r, d_min, d_max) -> str:
     return "newton" if r is not None and d_min is not None else "chunked"
 
 
+def phase1_group(k, cu_seqlens) -> int | None:
+    """The chunk form's `group` (phase1_chunk.chain_group) for these inputs, or None: one program per (sequence,
+    head) walks its chunks, which leaves most SMs idle when few chains run; grouping trades K×K maps for depth."""
+    N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
+    chunks = k.shape[0] * k.shape[1] / N / PHASE1_CHUNKED["chunk_size"]
+    if chunks < PHASE1_GROUP_MIN_CHUNKS or N * k.shape[2] > PHASE1_GROUP_MAX_CHAINS:
+        return None
+    return chain_group(chunks)
+
+
 def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`, P). "newton" runs a fixed number of
     quasi-Newton rounds across chunks, then the sequential scan behind them, guarded to run only if they did not
@@ -114,8 +126,9 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     (I + L)⁻¹ (chunk_inverses), kept for its backward when one follows, else None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
-    if form == "sequential":
-        return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
+    if form == "sequential":  # r in float32 when no d_all is written: with bf16 r that scan ran 1.3x slower (v10)
+        r_scan = r.float() if r is not None and not store_d else r
+        return form, *phase1_fwd_seq(k, beta, r_scan, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
                                      **p1), None, None
     if form == "newton":  # PHASE1_NEWTON's rounds without a host synchronisation; the guarded scan if unconverged
         d_all, d_final, kt, unconverged = phase1_fwd_newton(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,
@@ -131,7 +144,7 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
                              precision=PHASE1_CHUNKED["precision"])
     d_all, d_final, kt, outside = phase1_fwd_chunk(
         k, beta, r, d0, eta, **gains, store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None,
-        store_d=store_d, inverse=inv, **PHASE1_CHUNKED)
+        store_d=store_d, inverse=inv, group=phase1_group(k, cu_seqlens), **PHASE1_CHUNKED)
     if not clipped:
         return form, d_all, d_final, kt, None, inv
     phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
@@ -218,7 +231,7 @@ class ChunkOSDN(torch.autograd.Function):
             dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
                 k, beta, r, eta, d_all, None, dd_final, beta_aware=ctx.p1["beta_aware"],
                 normalize=ctx.p1["normalize"], cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),
-                inverse=p1_inv, **PHASE1_CHUNKED)
+                inverse=p1_inv, group=phase1_group(k, cu_seqlens), **PHASE1_CHUNKED)
         else:
             dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
                 k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),

@@ -373,14 +373,16 @@ def preconditioner_scan(
     solver: str = "substitution",
     dot_precision: str = "ieee",
     newton_jacobian: str = "dense",
+    chain_group: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
     d_all[t] is the d_t used at token t (d_0 = 1 unless `d0` [N, H, K]); `eta` is a float or a tensor [H];
     with `cu_seqlens` (B = 1) d restarts from d0[n] at each sequence. The default is the sequential scan. `chunked=True` takes
     the unclipped chunk form (chunks of `chunk_size`, a power of two ≥ 16; `solver` "substitution", "doubling" or
-    "blockwise" forms each chunk's (I + L)⁻¹, `dot_precision` is tl.dot's input_precision; chunk_osdn runs it with
-    chunk.PHASE1_CHUNKED from a mean sequence length of 4096), `parallel=True` the exact
+    "blockwise" forms each chunk's (I + L)⁻¹, `dot_precision` is tl.dot's input_precision, `chain_group` G makes
+    its chains walk groups of G chunks; chunk_osdn runs it with chunk.PHASE1_CHUNKED from a mean sequence length of
+    4096, grouped by chunk.phase1_group), `parallel=True` the exact
     chunk-parallel fixed point, clip included (phase1_parallel.py), `newton=True` the forward across chunks by
     Newton's method, clip included (phase1_newton.py; chunks of `chunk_size`, `newton_jacobian` "dense" or
     "diagonal", its backward the sequential reverse scan). Otherwise the backward takes the forward's form.
@@ -395,7 +397,9 @@ def preconditioner_scan(
         raise ValueError("the chunk-parallel phase 1 has no clip: use chunked=False with d_min/d_max")
     contig = lambda x: None if x is None else x.contiguous()  # noqa: E731
     form = "parallel" if parallel else "newton" if newton else "chunked" if chunked else "sequential"
-    options = dict(chunk_size=chunk_size, solver=solver, precision=dot_precision) if chunked else \
+    if chain_group is not None and not chunked:
+        raise ValueError("chain_group: only the chunk form (chunked=True) walks its chains in groups")
+    options = dict(chunk_size=chunk_size, solver=solver, precision=dot_precision, group=chain_group) if chunked else \
         dict(chunk_size=chunk_size, jacobian=newton_jacobian) if newton else \
         dict(chunk_size=chunk_size) if parallel else {}
     return Phase1Function.apply(

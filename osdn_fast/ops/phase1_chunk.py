@@ -10,6 +10,9 @@ entering with x_0, with γ_i = Σ_{m<i} log r_m (exclusive) and γ̄_j = γ_j + 
 so u = u⁰ − Tq (A x_0) with u⁰ = (I + L)⁻¹ e and Tq = (I + L)⁻¹ diag(c e^{γ}). Three launches:
 `prep` (every chunk in parallel: Gram, (I + L)⁻¹, u⁰, Tq), `state` (sequential over the chunks of
 one (sequence, head), O(C·K) per chunk: u and the chunk-entry states), `out` (every chunk in parallel: d_t).
+With `group` G the sequential launch is split in three: the chain's affine map x ↦ M x + m over every group of G
+chunks, all in parallel (`group_map`, K×K), the walk over each sequence's groups (`group_walk`), then `state`
+replaying each group's chunks from its entry: 2G + T/(C·G) dependent steps instead of T/C (`chain_group`).
 
 Backward: the adjoint λ_t = ∂L/∂d_t obeys λ_t = r_t λ_{t+1} − c_t p_t a_t + ∂L/∂d_t (p_t = ⟨λ_{t+1}, a_t⟩), the
 transposed recurrence, so p in a chunk solves (I + Lᵀ) p = e^{Γ − γ̄} ⊙ (A λ_end) + Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩
@@ -17,6 +20,8 @@ with the same L. The same three launches run in reverse order of chunks; the loc
 (module docstring of `phase1`) need only d_t, p_t and λ_{t+1}, so they are computed in parallel.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -187,33 +192,41 @@ def phase1_chunk_prep_kernel(
 
 @triton.jit
 def phase1_chunk_state_kernel(
-    k, beta, r, d0, eta, chunk_offsets, cu_seqlens, tq, u0, u, x0, d_final,
+    k, beta, r, d0, eta, chunk_offsets, cu_seqlens, tq, u0, u, x0, d_final, x_grp, group_seq, group_first,
     T, H, K, eps,
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
 ):
-    """Sequential over the chunks of (sequence n, head h): u = u⁰ − Tq (A x), x ← e^{γ_C} x + Aᵀ(e^{γ_C − γ̄} u)."""
-    n = tl.program_id(0)
+    """Sequential over the chunks of (sequence n, head h): u = u⁰ − Tq (A x), x ← e^{γ_C} x + Aᵀ(e^{γ_C − γ̄} u).
+    G > 0: one program per group of G chunks instead, starting from its entry state x_grp (group_walk)."""
     h = tl.program_id(1)
-    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
-    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
     rows = tl.arange(0, C)
-    if HAS_D0:
-        x = tl.load(d0 + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+    if G > 0:
+        gi = tl.program_id(0)
+        n, lo, hi = _group_of(gi, group_seq, group_first, chunk_offsets, T, C, G, IS_VARLEN)
+        x = tl.load(x_grp + (gi * H + h) * K + offs, mask=mask, other=0.0)
     else:
-        x = tl.where(mask, 1.0, 0.0)
+        n = tl.program_id(0)
+        lo, hi = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
+        if HAS_D0:
+            x = tl.load(d0 + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            x = tl.where(mask, 1.0, 0.0)
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
+    bos += (lo - c_first) * C
     eta_h = tl.load(eta + h).to(tl.float32)
     cc = rows[:, None] * C + rows[None, :]
     tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
-    tqn = tl.load(tq + (c_first * H + h) * C * C + cc)
+    tqn = tl.load(tq + (lo * H + h) * C * C + cc)
     u0n = tl.load(u0 + tn * H + h, mask=vn, other=0.0)
-    for ci in range(c_first, c_last):  # the next chunk's inputs are loaded one step ahead
+    for ci in range(lo, hi):  # the next chunk's inputs are loaded one step ahead
         t, valid, kt, b, lr, tq_c, u0_c = tn, vn, kn, bn, lrn, tqn, u0n
-        tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos + (ci + 1 - c_first) * C, eos, h, H, K,
+        tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos + (ci + 1 - lo) * C, eos, h, H, K,
                                           HAS_R, BETA_AWARE, C, BK)
-        tqn = tl.load(tq + ((ci + 1) * H + h) * C * C + cc, mask=cc < tl.where(ci + 1 < c_last, C * C, 0), other=0.0)
+        tqn = tl.load(tq + ((ci + 1) * H + h) * C * C + cc, mask=cc < tl.where(ci + 1 < hi, C * C, 0), other=0.0)
         u0n = tl.load(u0 + tn * H + h, mask=vn, other=0.0)
         tl.store(x0 + (ci * H + h) * K + offs, x, mask=mask)
         a, _, _, _, _, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
@@ -221,7 +234,8 @@ def phase1_chunk_state_kernel(
         tl.store(u + t * H + h, uc, mask=valid)
         g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
         x = tl.exp(g_end) * x + tl.sum((tl.exp(g_end - g_incl) * uc)[:, None] * a, axis=0)
-    tl.store(d_final + (n * H + h) * K + offs, x, mask=mask)
+    if hi == c_last:
+        tl.store(d_final + (n * H + h) * K + offs, x, mask=mask)
 
 
 @triton.jit
@@ -316,34 +330,41 @@ def phase1_chunk_bwd_prep_kernel(
 
 @triton.jit
 def phase1_chunk_bwd_state_kernel(
-    k, beta, r, gd_final, eta, chunk_offsets, cu_seqlens, tp, pg, hg, p, lam_end, dd0,
+    k, beta, r, gd_final, eta, chunk_offsets, cu_seqlens, tp, pg, hg, p, lam_end, dd0, x_grp, group_seq, group_first,
     T, H, K, eps,
     HAS_R: tl.constexpr, HAS_GD_FINAL: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+    IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
 ):
-    """Reverse over the chunks of (n, h): p = pᵍ + Tp (A λ), λ ← e^{Γ} λ + hᵍ − Aᵀ(e^{γ} c p); dd_0 = λ."""
-    n = tl.program_id(0)
+    """Reverse over the chunks of (n, h): p = pᵍ + Tp (A λ), λ ← e^{Γ} λ + hᵍ − Aᵀ(e^{γ} c p); dd_0 = λ.
+    G > 0: one program per group of G chunks instead, starting from the λ leaving it, x_grp (group_walk)."""
     h = tl.program_id(1)
-    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
-    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     offs = tl.arange(0, BK)
     mask = offs < K
     rows = tl.arange(0, C)
-    if HAS_GD_FINAL:
-        lam = tl.load(gd_final + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+    if G > 0:
+        gi = tl.program_id(0)
+        n, lo, hi = _group_of(gi, group_seq, group_first, chunk_offsets, T, C, G, IS_VARLEN)
+        lam = tl.load(x_grp + (gi * H + h) * K + offs, mask=mask, other=0.0)
     else:
-        lam = tl.zeros([BK], dtype=tl.float32)
+        n = tl.program_id(0)
+        lo, hi = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
+        if HAS_GD_FINAL:
+            lam = tl.load(gd_final + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+        else:
+            lam = tl.zeros([BK], dtype=tl.float32)
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     cc = rows[:, None] * C + rows[None, :]
-    cl = c_last - 1
+    cl = hi - 1
     tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos + (cl - c_first) * C, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
     tpn = tl.load(tp + (cl * H + h) * C * C + cc)
     pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
     hgn = tl.load(hg + (cl * H + h) * K + offs, mask=mask, other=0.0)
-    for j in range(0, c_last - c_first):  # chunks in reverse; the previous chunk's inputs are loaded one step ahead
+    for j in range(0, hi - lo):  # chunks in reverse; the previous chunk's inputs are loaded one step ahead
         ci = cl - j
         t, valid, kt, b, lr, tp_c, pg_c, hg_c = tn, vn, kn, bn, lrn, tpn, pgn, hgn
-        more = ci > c_first
+        more = ci > lo
         tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, tl.where(more, bos + (ci - 1 - c_first) * C, eos), eos, h, H, K,
                                           HAS_R, BETA_AWARE, C, BK)
         tpn = tl.load(tp + ((ci - 1) * H + h) * C * C + cc, mask=cc < tl.where(more, C * C, 0), other=0.0)
@@ -355,7 +376,121 @@ def phase1_chunk_bwd_state_kernel(
         tl.store(p + t * H + h, pc, mask=valid)
         g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
         lam = tl.exp(g_end) * lam + hg_c - tl.sum((tl.exp(g) * c * pc)[:, None] * a, axis=0)
-    tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
+    if lo == c_first:
+        tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
+
+
+@triton.jit
+def _group_of(gi, group_seq, group_first, chunk_offsets, T, C: tl.constexpr, G: tl.constexpr,
+              IS_VARLEN: tl.constexpr):
+    """Sequence n and chunks [lo, hi) of group gi: G consecutive chunks of one sequence (its last may hold fewer)."""
+    if IS_VARLEN:
+        n = tl.load(group_seq + gi)
+        lo = tl.load(group_first + gi)
+    else:
+        nt = tl.cdiv(T, C)
+        per = tl.cdiv(nt, G)
+        n = gi // per
+        lo = n * nt + (gi % per) * G
+    _, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
+    return n, lo, tl.minimum(lo + G, c_last)
+
+
+@triton.jit
+def phase1_chunk_group_map_kernel(
+    k, beta, r, eta, chunk_offsets, cu_seqlens, group_seq, group_first, tmat, y0, bias, maps, shifts,
+    T, H, K, eps,
+    HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
+    C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr, PREC: tl.constexpr, REVERSE: tl.constexpr,
+    BN: tl.constexpr, VEC: tl.constexpr,
+):
+    """The chain's affine map over group gi, x ↦ M x + m [BK, BK], [BK]: each chunk maps
+    x ↦ e^{γ_C} x + bias_c + Aᵀ(ω ⊙ (y⁰ + σ T (A x))), the state kernels' step, composed in the chain's order.
+    Forward (x = d entering): T = Tq, y⁰ = u⁰, ω = e^{γ_C − γ̄}, σ = −1, no bias. REVERSE (x = λ leaving, chunks
+    in reverse): T = Tp, y⁰ = pᵍ, ω = −c e^{γ}, σ = +1, bias = hᵍ. Per chunk M ← e^{γ_C} M + Aᵀ(σω ⊙ T (A M)):
+    three dots (PREC) for a block of BN columns of M (program axis 2; a column of M evolves on its own). VEC: a
+    launch of its own forms m (the same step plus the chunk's constant part, no dots), which in the same programs
+    as M's columns made them spill (ptxas, sm_90)."""
+    gi = tl.program_id(0)
+    h = tl.program_id(1)
+    n, lo, hi = _group_of(gi, group_seq, group_first, chunk_offsets, T, C, G, IS_VARLEN)
+    c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
+    if (lo == c_first) if REVERSE else (hi == c_last):  # the chain's last group: the walk needs no map of it
+        return
+    bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    eta_h = tl.load(eta + h).to(tl.float32)
+    offs = tl.arange(0, BK)
+    rows = tl.arange(0, C)
+    cc = rows[:, None] * C + rows[None, :]
+    cols = tl.program_id(2) * BN + tl.arange(0, BN)
+    if VEC:
+        m_vec = tl.zeros([BK], dtype=tl.float32)
+    else:
+        m_mat = tl.where(offs[:, None] == cols[None, :], 1.0, 0.0)
+    for j in range(0, hi - lo):
+        ci = hi - 1 - j if REVERSE else lo + j
+        t, valid, kt, b, lr = _chunk_load(k, beta, r, bos + (ci - c_first) * C, eos, h, H, K, HAS_R, BETA_AWARE,
+                                          C, BK)
+        a, _, c, _, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
+        g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
+        rho = tl.exp(g_end)
+        t_c = tl.load(tmat + (ci * H + h) * C * C + cc)
+        w = -c * tl.exp(g) if REVERSE else -tl.exp(g_end - g_incl)
+        if VEC:
+            ty_vec = tl.sum(t_c * tl.sum(a * m_vec[None, :], axis=1)[None, :], axis=1)
+            y0_c = tl.load(y0 + t * H + h, mask=valid, other=0.0)
+            if REVERSE:
+                y_vec = y0_c + ty_vec
+                shift = tl.load(bias + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
+            else:
+                y_vec = ty_vec - y0_c  # σω (y⁰ + σ T A m) with σ = −1, ω = −w
+                shift = tl.zeros([BK], dtype=tl.float32)
+            m_vec = rho * m_vec + shift + tl.sum((w * y_vec)[:, None] * a, axis=0)
+        else:
+            ty = tl.dot(t_c, tl.dot(a, m_mat, input_precision=PREC), input_precision=PREC)
+            m_mat = rho * m_mat + tl.dot(tl.trans(a), w[:, None] * ty, input_precision=PREC)
+    if VEC:
+        tl.store(shifts + (gi * H + h) * BK + offs, m_vec)
+    else:
+        tl.store(maps + ((gi * H + h) * BK + offs[:, None]) * BK + cols[None, :], m_mat)
+
+
+@triton.jit
+def phase1_chunk_group_walk_kernel(
+    x_init, maps, shifts, x_grp, x_final, group_offsets, T, H, K,
+    HAS_INIT: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
+    REVERSE: tl.constexpr, ONES: tl.constexpr,
+):
+    """Sequential over the groups of (sequence n, head h), in the chain's order: x_grp[g] = x, then x ← M_g x + m_g
+    (but after the last group, whose map group_map skips).
+    x starts at x_init (d_0 or ∂L/∂d_final), else at 1 (ONES: the forward's d_0 = 1) or 0. The replay of each
+    group's chunks (the state kernels with G > 0) writes the final x; here only a sequence without chunks does."""
+    n = tl.program_id(0)
+    h = tl.program_id(1)
+    if IS_VARLEN:
+        g_first = tl.load(group_offsets + n)
+        g_last = tl.load(group_offsets + n + 1)
+    else:
+        per = tl.cdiv(tl.cdiv(T, C), G)
+        g_first = n * per
+        g_last = g_first + per
+    offs = tl.arange(0, BK)
+    mask = offs < K
+    if HAS_INIT:
+        x = tl.load(x_init + (n * H + h) * K + offs, mask=mask, other=0.0).to(tl.float32)
+    elif ONES:
+        x = tl.where(mask, 1.0, 0.0)
+    else:
+        x = tl.zeros([BK], dtype=tl.float32)
+    for j in range(0, g_last - g_first - 1):
+        gi = g_last - 1 - j if REVERSE else g_first + j
+        tl.store(x_grp + (gi * H + h) * K + offs, x, mask=mask)
+        m_mat = tl.load(maps + ((gi * H + h) * BK + offs[:, None]) * BK + offs[None, :])
+        x = tl.sum(m_mat * x[None, :], axis=1) + tl.load(shifts + (gi * H + h) * BK + offs)
+    if g_last > g_first:  # the chain's last group: its entry only
+        tl.store(x_grp + ((g_first if REVERSE else g_last - 1) * H + h) * K + offs, x, mask=mask)
+    else:  # a sequence without chunks
+        tl.store(x_final + (n * H + h) * K + offs, x, mask=mask)
 
 
 @triton.jit
@@ -447,6 +582,60 @@ def chunk_table(B: int, T: int, cu_seqlens: torch.Tensor | None, C: int, device)
     return len(seq), as_tensor(seq), as_tensor(start), as_tensor(offsets)
 
 
+def group_table(B: int, T: int, cu_seqlens: torch.Tensor | None, C: int, G: int, device):
+    """(NG, group_seq, group_first, group_offsets): the number of groups of G consecutive chunks of one sequence (a
+    sequence's last group may hold fewer), and for packed sequences each group's sequence and first chunk and where
+    each sequence's groups begin (None without cu_seqlens: the kernels compute them, _group_of)."""
+    if cu_seqlens is None:
+        return B * triton.cdiv(triton.cdiv(T, C), G), None, None, None
+    bounds = cu_seqlens.tolist()
+    seq, first, offsets, chunk0 = [], [], [0], 0
+    for n, (s, e) in enumerate(zip(bounds[:-1], bounds[1:])):
+        chunks = triton.cdiv(e - s, C)
+        for j in range(0, chunks, G):
+            seq.append(n)
+            first.append(chunk0 + j)
+        chunk0 += chunks
+        offsets.append(len(seq))
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=device)  # noqa: E731
+    return len(seq), as_tensor(seq), as_tensor(first), as_tensor(offsets)
+
+
+def chain_group(chunks: float) -> int:
+    """Chunks per group for the chains of sequences of `chunks` chunks (mean): a power of two near √chunks (at
+    least 2), which balances the three dependent depths (G chunks per map, chunks / G groups walked, G chunks
+    replayed)."""
+    return 2 ** max(1, round(math.log2(max(chunks, 1)) / 2))
+
+
+def _group_entries(prep, offsets, cu_seqlens, tmat, y0, bias, x_init, x_final, G, flags, gains, prec, reverse):
+    """The chain's state entering each group (x_grp [NG, H, K] float32; REVERSE: λ leaving it) and the group table:
+    the maps of all groups in parallel (phase1_chunk_group_map_kernel), then the walk over each sequence's groups."""
+    k, beta, r, eta = prep[:4]
+    (B, T, H, K), C, BK = k.shape, flags["C"], flags["BK"]
+    N = B if cu_seqlens is None else cu_seqlens.numel() - 1
+    NG, gseq, gfirst, goffs = group_table(B, T, cu_seqlens, C, G, k.device)
+    gseq, gfirst, goffs = (x if x is not None else offsets for x in (gseq, gfirst, goffs))
+    f32 = dict(dtype=torch.float32, device=k.device)
+    maps = torch.empty(NG, H, BK, BK, **f32)
+    shifts = torch.empty(NG, H, BK, **f32)
+    x_grp = torch.empty(NG, H, K, **f32)
+    cu = cu_seqlens if cu_seqlens is not None else k
+    launch = dict(TUNING["phase1_group_map"])
+    BN = min(launch.pop("BN"), BK)
+    for vec, grid in ((False, (NG, H, BK // BN)), (True, (NG, H, 1))):  # M's columns, then m
+        phase1_chunk_group_map_kernel[grid](
+            k, beta, r, eta, offsets, cu, gseq, gfirst, tmat, y0, bias if bias is not None else y0, maps, shifts,
+            T, H, K, EPS, **gains, **flags, G=G, PREC=prec, REVERSE=reverse, BN=BN, VEC=vec, **launch,
+        )
+    phase1_chunk_group_walk_kernel[(N, H)](
+        x_init if x_init is not None else x_final, maps, shifts, x_grp, x_final, goffs, T, H, K,
+        HAS_INIT=x_init is not None, IS_VARLEN=flags["IS_VARLEN"], C=C, BK=BK, G=G, REVERSE=reverse,
+        ONES=not reverse, **TUNING["phase1_group_walk"],
+    )
+    return NG, x_grp, gseq, gfirst
+
+
 def _tile_warps(C: int, BK: int) -> int:
     """Warps of the chunk kernels: 8 once a [C, BK] tile reaches 8192 elements, else 4. Chosen from ptxas's
     register/stack report for sm_90 (compiled here without a GPU): at C = 64, K = 128 the state pass (whole
@@ -477,6 +666,11 @@ def _k_block(C: int, BK: int) -> int:
     C = 64 on, version 5's choice by ptxas's sm_90 report (no spills at K = 128). At C = 64, K = 128 the H200
     sweep picked settings that spill and run up to 2.4x faster (TUNING, version 9)."""
     return min(BK, 32 if C <= 32 else 16)
+
+
+def _check_group(group) -> None:
+    if group is not None and (not isinstance(group, int) or group < 2 or group & (group - 1)):
+        raise ValueError(f"group must be None or a power of two >= 2, got {group!r}")
 
 
 def _solver_flags(chunk_size: int, solver: str, precision: str) -> dict:
@@ -546,14 +740,17 @@ def chunk_inverses(k, beta, r, eta, *, beta_aware, normalize, cu_seqlens, chunk_
 
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
                      chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
-                     store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True, inverse=None):
+                     store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True, inverse=None,
+                     group: int | None = None):
     """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K]
     float32), and with
     `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
     d_t or final d of the unclipped scan leaves bounds = (d_min, d_max), or None). When `outside` is 0 the clip
-    never acts, so the unclipped result is the clipped scan's exactly. `inverse`: chunk_inverses' P (blockwise)."""
+    never acts, so the unclipped result is the clipped scan's exactly. `inverse`: chunk_inverses' P (blockwise).
+    `group`: the chain walks groups of that many chunks (chain_group; _group_entries), else one chunk at a time."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
+    _check_group(group)
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, block_k(K)
@@ -572,9 +769,13 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
         *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve,
         HAS_INV=solver == "blockwise", STORE_L=False, **_parallel_launch("prep", C, BK),
     )
-    phase1_chunk_state_kernel[(N, H)](
-        k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final,
-        T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, **_chain_launch("state", C, BK),
+    programs, x_grp, gseq, gfirst = N, d_final, offsets, offsets
+    if group:
+        programs, x_grp, gseq, gfirst = _group_entries(prep, offsets, cu_seqlens, tq, u0, None, d0, d_final, group,
+                                                       flags, gains, precision, reverse=False)
+    phase1_chunk_state_kernel[(programs, H)](
+        k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final, x_grp, gseq, gfirst,
+        T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, G=group or 0, **_chain_launch("state", C, BK),
     )
     lo, hi = bounds if bounds is not None else (None, None)
     kt = torch.empty_like(k) if store_kt else None
@@ -597,13 +798,15 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
 
 def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
                      cu_seqlens, chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
-                     phase2_grads=None, inverse=None):
+                     phase2_grads=None, inverse=None, group: int | None = None):
     """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r). With
     `phase2_grads` = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's sizes; `gd_all` must be None), the fused form
     of phase1.phase1_bwd_seq: the direct gradient of d is ∂k̃ ⊙ k, and ∂k, ∂β are the totals in k's and β's dtypes.
-    `inverse`: the forward's P (chunk_inverses; blockwise solver), else formed again here."""
+    `inverse`: the forward's P (chunk_inverses; blockwise solver), else formed again here. `group`: as in the
+    forward, the reverse chain over groups of chunks."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
+    _check_group(group)
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, block_k(K)
@@ -636,9 +839,14 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
         HAS_INV=solver == "blockwise", FUSED=fused, **_parallel_launch("bwd_prep", C, BK),
     )
-    phase1_chunk_bwd_state_kernel[(N, H)](
+    programs, x_grp, gseq, gfirst = N, dd0, offsets, offsets
+    if group:
+        programs, x_grp, gseq, gfirst = _group_entries(prep, offsets, cu_seqlens, tp, pg, hg, gd_final, dd0, group,
+                                                       flags, gains, precision, reverse=True)
+    phase1_chunk_bwd_state_kernel[(programs, H)](
         k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, p, lam_end, dd0,
-        T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags, **_chain_launch("bwd_state", C, BK),
+        x_grp, gseq, gfirst, T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags, G=group or 0,
+        **_chain_launch("bwd_state", C, BK),
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,

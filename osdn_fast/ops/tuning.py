@@ -1,12 +1,12 @@
-"""Launch settings (value tile BV or key-channel block KB, warps, pipeline stages) of the kernels' stages, for K <= 128.
+"""Launch settings (value tile BV, key-channel block KB or map-column block BN, warps, pipeline stages) of the kernels' stages, for K <= 128.
 
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
 (8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md); the state chain's `_few` and `_some` entries, taken when few
 sequence-heads run (common.chain_stage), from its sweeps at (1, 16384, 16, 128) and (4, 4096, 16, 128); phase 1's
 chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages; phase1_chunk._parallel_launch) from their
 sweep at (4, 4096, 16, 128); its two chains (`phase1_state`, `phase1_bwd_state`; phase1_chunk._chain_launch) from
-their sweep at (1, 16384, 16, 128). Kept apart from the kernels: these numbers change only how
-the work is split (at most the order of float32 sums), so the GPU validation (book/data/gpu_validation.json)
+their sweep at (1, 16384, 16, 128); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`) from
+theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these numbers change only how the work is split (at most the order of float32 sums), so the GPU validation (book/data/gpu_validation.json)
 records them and a test compares them, while the kernels' digest covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
 """
 
@@ -30,6 +30,8 @@ TUNING = {
     "phase1_bwd_out": dict(KB=32, num_warps=4, num_stages=1),
     "phase1_state": dict(num_warps=4, num_stages=2),
     "phase1_bwd_state": dict(num_warps=4, num_stages=1),
+    "phase1_group_map": dict(BN=128, num_warps=4, num_stages=1),
+    "phase1_group_walk": dict(num_warps=8, num_stages=1),
 }
 
 
