@@ -1,7 +1,8 @@
 """Compile every phase-1 and phase-2 kernel ahead of time for an NVIDIA target (default sm_90, the H200), no GPU needed.
 
 Uses the installed Triton and its bundled ptxas, so a kernel that the GPU's compiler would reject (an API
-missing in that Triton version, shared memory above the limit) fails here first. Run it with the Triton
+missing in that Triton version, shared memory above the limit) fails here first. Each line also gives the
+kernel's registers and stack per thread (cuobjdump -res-usage): stack beyond a few locals is registers spilled. Run it with the Triton
 version of the GPU image (e.g. in a virtual environment with triton==3.6) before spending GPU time:
 
     python benchmarks/compile_check.py --dims 64 128 256          # must not run under TRITON_INTERPRET=1
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -135,6 +137,23 @@ def signature(kernel, constexprs, none_args, dtype):
     return types, consts
 
 
+def usage(compiled):
+    """(registers, stack bytes) per thread of a compiled kernel, by the cuobjdump bundled with Triton: a stack above
+    the kernel's own locals means ptxas spilled registers to local memory."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        out = subprocess.run([tool, "-res-usage", f.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", out)
+    return (int(found.group(1)), int(found.group(2))) if found else (-1, -1)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[128], help="K = V values to compile for")
@@ -165,8 +184,9 @@ def main(argv=None):
                 shared = compiled.metadata.shared
                 over = shared > SHARED_LIMIT
                 failures += over
-                print(f"{'FAIL' if over else 'ok  '} {label} shared {shared:6d} B  {time.perf_counter() - t:4.1f}s",
-                      flush=True)
+                regs, stack = usage(compiled)
+                print(f"{'FAIL' if over else 'ok  '} {label} shared {shared:6d} B  registers {regs:3d}  stack {stack:5d} B"
+                      f"  {time.perf_counter() - t:4.1f}s", flush=True)
     print("all kernels compile" if not failures else f"{failures} kernel(s) failed")
     return 1 if failures else 0
 

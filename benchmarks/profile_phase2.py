@@ -34,6 +34,7 @@ SPACE = dict(BV=(32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))
 SOLVE_SPACE = dict(BV=(64,), num_warps=(1, 2, 4), num_stages=(1,))  # 16×16 tiles: few warps
 PHASE1_SPACE = dict(KB=(16, 32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))  # phase 1's chunk-parallel kernels
 GROUP_SPACE = dict(BN=(32, 64, 128), num_warps=(4, 8), num_stages=(1,))  # the grouped chains' map (columns BN) and walk
+STATE_SPACE = dict(BV=(16, 32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))  # the state chain: narrower tiles, more programs
 
 
 def inputs(B, T, H, D, device, gate=False):
@@ -139,7 +140,8 @@ def phase1_calls(x, H):
 
 def sweep(calls, budget_s):
     """Time every stage under every setting of its space (SPACE; BV only where the stage has value tiles; phase 1's
-    chunk-parallel kernels: PHASE1_SPACE, key-channel blocks KB; the grouped chains: GROUP_SPACE, map columns BN)."""
+    chunk-parallel kernels: PHASE1_SPACE, key-channel blocks KB; the grouped chains: GROUP_SPACE, map columns BN; the
+    state chain: STATE_SPACE, value tiles down to 16)."""
     import triton.testing
 
     from osdn_fast.ops.tuning import TUNING
@@ -149,7 +151,7 @@ def sweep(calls, budget_s):
     for stage, call in calls.items():
         results[stage] = []
         space = SOLVE_SPACE if stage == "solve" else GROUP_SPACE if stage.startswith("phase1_group") else \
-            PHASE1_SPACE if stage.startswith("phase1_") else SPACE
+            PHASE1_SPACE if stage.startswith("phase1_") else STATE_SPACE if stage.startswith("state_") else SPACE
         tile = next(iter(space))  # BV or KB
         for size, warps, stages in itertools.product(*space.values()):
             if time.time() - start > budget_s:

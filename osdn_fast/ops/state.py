@@ -37,67 +37,106 @@ def decay_to_end(G, b_g, last, m_t, i_h, H, HAS_G: tl.constexpr):
 def state_fwd_kernel(w, u, kt, G, S0, h, ubar, S_final, cu_seqlens, chunk_offsets, H,
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_G: tl.constexpr, HAS_S0: tl.constexpr, STORE_FINAL: tl.constexpr):
+    """From BK = 128 on, S is held as two tiles of BK / 2 key rows, a and b: W S = W_a S_a + W_b S_b, and each half
+    takes its rows of K̃ᵀ Ū (fewer registers live at once: ptxas spilled far less, benchmarks/NOTES.md). The decay
+    e^{G_C − G} scales Ū's rows (a [BT, BV] tile) rather than K̃'s ([BT, BK])."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     boh = tl.load(chunk_offsets + i_n)
-    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    SPLIT: tl.constexpr = BK >= 128
+    HK: tl.constexpr = BK // 2 if SPLIT else BK
+    o_a, o_v = tl.arange(0, HK), i_v * BV + tl.arange(0, BV)
+    o_b = HK + o_a
     DT = w.dtype.element_ty
-    if HAS_S0:
-        b_S = load_state(S0, i_nh, o_k, o_v, K, V)
-    else:
-        b_S = tl.zeros([BK, BV], dtype=tl.float32)
+    b_Sa = load_state(S0, i_nh, o_a, o_v, K, V) if HAS_S0 else tl.zeros([HK, BV], dtype=tl.float32)
+    if SPLIT:
+        b_Sb = load_state(S0, i_nh, o_b, o_v, K, V) if HAS_S0 else tl.zeros([HK, BV], dtype=tl.float32)
     for i_c in range(tl.cdiv((eos - bos).to(tl.int32), BT)):
-        b_Sd = b_S.to(DT)
-        store_state(h, b_Sd, (boh + i_c) * H + i_h, o_k, o_v, K, V)
+        i_s = (boh + i_c) * H + i_h
         o_t = bos + i_c * BT + tl.arange(0, BT)
         m_t = o_t < eos
-        b_ub = load_tile(u, o_t, m_t, i_h, H, V, o_v).to(tl.float32) \
-            - mm(load_tile(w, o_t, m_t, i_h, H, K, o_k), b_Sd)
+        b_Sad = b_Sa.to(DT)
+        store_state(h, b_Sad, i_s, o_a, o_v, K, V)
+        if SPLIT:
+            b_Sbd = b_Sb.to(DT)
+            store_state(h, b_Sbd, i_s, o_b, o_v, K, V)
+        b_wS = mm(load_tile(w, o_t, m_t, i_h, H, K, o_a), b_Sad)
+        if SPLIT:
+            b_wS += mm(load_tile(w, o_t, m_t, i_h, H, K, o_b), b_Sbd)
+        b_ub = load_tile(u, o_t, m_t, i_h, H, V, o_v).to(tl.float32) - b_wS
         b_ubd = b_ub.to(DT)
         store_tile(ubar, b_ubd, o_t, m_t, i_h, H, V, o_v)
-        b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
-        b_decay, b_gC = decay_to_end(G, b_g, tl.minimum(bos + i_c * BT + BT, eos) - 1, m_t, i_h, H, HAS_G)
-        b_ktt = (load_tile_t(kt, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * b_decay[None, :]).to(DT)
-        b_S = b_S * b_gC + mm(b_ktt, b_ubd)
+        if HAS_G:
+            b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
+            b_decay, b_gC = decay_to_end(G, b_g, tl.minimum(bos + i_c * BT + BT, eos) - 1, m_t, i_h, H, HAS_G)
+            b_ubd = (b_ub * b_decay[:, None]).to(DT)
+            b_Sa *= b_gC
+            if SPLIT:
+                b_Sb *= b_gC
+        b_Sa += mm(load_tile_t(kt, o_t, m_t, i_h, H, K, o_a), b_ubd)
+        if SPLIT:
+            b_Sb += mm(load_tile_t(kt, o_t, m_t, i_h, H, K, o_b), b_ubd)
     if STORE_FINAL:
-        store_state(S_final, b_S, i_nh, o_k, o_v, K, V)
+        store_state(S_final, b_Sa, i_nh, o_a, o_v, K, V)
+        if SPLIT:
+            store_state(S_final, b_Sb, i_nh, o_b, o_v, K, V)
 
 
 @triton.jit
 def state_bwd_kernel(q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu_seqlens, chunk_offsets, H,
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_G: tl.constexpr, HAS_DSF: tl.constexpr):
+    """∂S in two tiles of BK / 2 key rows from BK = 128 on, as the forward holds S. The gate's factors scale the
+    [BT, BV] tiles: (K̃ ⊙ e^{G_C − G}) ∂S = e^{G_C − G} ⊙ (K̃ ∂S) and (Q ⊙ γ)ᵀ ∂O = Qᵀ (γ ⊙ ∂O), `scale` applied to
+    the product."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1)
     i_n, i_h = i_nh // H, i_nh % H
     bos = tl.load(cu_seqlens + i_n).to(tl.int64)
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     boh = tl.load(chunk_offsets + i_n)
-    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    SPLIT: tl.constexpr = BK >= 128
+    HK: tl.constexpr = BK // 2 if SPLIT else BK
+    o_a, o_v = tl.arange(0, HK), i_v * BV + tl.arange(0, BV)
+    o_b = HK + o_a
     DT = w.dtype.element_ty
-    if HAS_DSF:
-        b_dS = load_state(dS_final, i_nh, o_k, o_v, K, V)
-    else:
-        b_dS = tl.zeros([BK, BV], dtype=tl.float32)
+    b_dSa = load_state(dS_final, i_nh, o_a, o_v, K, V) if HAS_DSF else tl.zeros([HK, BV], dtype=tl.float32)
+    if SPLIT:
+        b_dSb = load_state(dS_final, i_nh, o_b, o_v, K, V) if HAS_DSF else tl.zeros([HK, BV], dtype=tl.float32)
     NT = tl.cdiv((eos - bos).to(tl.int32), BT)
     for j in range(NT):
         i_c = NT - 1 - j
-        b_dSd = b_dS.to(DT)
-        store_state(dh, b_dSd, (boh + i_c) * H + i_h, o_k, o_v, K, V)
+        i_s = (boh + i_c) * H + i_h
         o_t = bos + i_c * BT + tl.arange(0, BT)
         m_t = o_t < eos
-        b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
-        b_decay, b_gC = decay_to_end(G, b_g, tl.minimum(bos + i_c * BT + BT, eos) - 1, m_t, i_h, H, HAS_G)
-        b_kt = (load_tile(kt, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * b_decay[:, None]).to(DT)
-        b_du = load_tile(du_local, o_t, m_t, i_h, H, V, o_v).to(tl.float32) + mm(b_kt, b_dSd)
-        b_dud = b_du.to(DT)
-        store_tile(du, b_dud, o_t, m_t, i_h, H, V, o_v)
-        b_qgt = (load_tile_t(q, o_t, m_t, i_h, H, K, o_k).to(tl.float32) * (scale * tl.exp(b_g))[None, :]).to(DT)
+        b_dSad = b_dSa.to(DT)
+        store_state(dh, b_dSad, i_s, o_a, o_v, K, V)
+        if SPLIT:
+            b_dSbd = b_dSb.to(DT)
+            store_state(dh, b_dSbd, i_s, o_b, o_v, K, V)
+        b_kdS = mm(load_tile(kt, o_t, m_t, i_h, H, K, o_a), b_dSad)
+        if SPLIT:
+            b_kdS += mm(load_tile(kt, o_t, m_t, i_h, H, K, o_b), b_dSbd)
         b_do = load_tile(do, o_t, m_t, i_h, H, V, o_v)
-        b_wt = load_tile_t(w, o_t, m_t, i_h, H, K, o_k)
-        b_dS = b_dS * b_gC + mm(b_qgt, b_do) - mm(b_wt, b_dud)
-    store_state(dS0, b_dS, i_nh, o_k, o_v, K, V)
+        if HAS_G:
+            b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
+            b_decay, b_gC = decay_to_end(G, b_g, tl.minimum(bos + i_c * BT + BT, eos) - 1, m_t, i_h, H, HAS_G)
+            b_kdS *= b_decay[:, None]
+            b_do = (b_do.to(tl.float32) * tl.exp(b_g)[:, None]).to(DT)
+            b_dSa *= b_gC
+            if SPLIT:
+                b_dSb *= b_gC
+        b_dud = (load_tile(du_local, o_t, m_t, i_h, H, V, o_v).to(tl.float32) + b_kdS).to(DT)
+        store_tile(du, b_dud, o_t, m_t, i_h, H, V, o_v)
+        b_dSa += scale * mm(load_tile_t(q, o_t, m_t, i_h, H, K, o_a), b_do) \
+            - mm(load_tile_t(w, o_t, m_t, i_h, H, K, o_a), b_dud)
+        if SPLIT:
+            b_dSb += scale * mm(load_tile_t(q, o_t, m_t, i_h, H, K, o_b), b_do) \
+                - mm(load_tile_t(w, o_t, m_t, i_h, H, K, o_b), b_dud)
+    store_state(dS0, b_dSa, i_nh, o_a, o_v, K, V)
+    if SPLIT:
+        store_state(dS0, b_dSb, i_nh, o_b, o_v, K, V)
 
 
 def state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, n_chunks, chunk_size, BK, BV, output_final_state):
