@@ -36,8 +36,9 @@ def output_fwd_kernel(q, kt, G, h, ubar, o, scale, cu_seqlens, chunk_indices, H,
     b_q = load_tile(q, o_t, m_t, i_h, H, K, o_k)
     b_g = load_gate(G, o_t, m_t, i_h, H, HAS_G, BT)
     b_P = mm(b_q, tl.trans(load_tile(kt, o_t, m_t, i_h, H, K, o_k))) * gram_decay(b_g, BT, False)
-    b_qg = (b_q.to(tl.float32) * tl.exp(b_g)[:, None]).to(DT)
-    b_o = mm(b_qg, load_state(h, i_t * H + i_h, o_k, o_v, K, V))
+    b_o = mm(b_q, load_state(h, i_t * H + i_h, o_k, o_v, K, V))
+    if HAS_G:  # (Q ⊙ γ) S_n = γ ⊙ (Q S_n): the [BT, BV] product's rows, not Q's [BT, BK]
+        b_o *= tl.exp(b_g)[:, None]
     b_o += mm(b_P.to(DT), load_tile(ubar, o_t, m_t, i_h, H, V, o_v))
     store_tile(o, b_o * scale, o_t, m_t, i_h, H, V, o_v)
 
