@@ -230,7 +230,7 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
         chain = {st: chk._chain_launch(st, C, BK) for st in ("state", "bwd_state")}
         rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"]),
                  usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True, G=0), **chain["bwd_state"])]
-        for bn, warps in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 8)):  # the grouped chains' map, [K, BN] of M per program
+        for bn, warps in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 4), (128, 8)):  # the grouped chains' map, [K, BN] of M per program
             rows += [usage(chk.phase1_chunk_group_map_kernel, dict(flags, C=C, G=16, PREC="tf32", REVERSE=reverse,
                                                                    BN=bn, VEC=vec), warps, 1)
                      for reverse in (False, True) for vec in (False, True)]
