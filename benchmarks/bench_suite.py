@@ -213,10 +213,9 @@ def bench_shape(shape, dtype, device, smoke, have_fla, rows, sweep_only=False, v
                 k, beta, eta=eta, parallel=True, **extra)[0]
             run(f"phase1_parallel[{name}]", "phase1", p1p, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn":  # the unclipped chunk form at every shape
-            p1c = lambda k=k, beta=beta: preconditioner_scan(  # noqa: E731
+            p1c = lambda k=k, beta=beta, group=group: preconditioner_scan(  # noqa: E731
                 k, beta, eta=eta, chunked=True, dot_precision=PHASE1_CHUNKED["precision"],
-                solver=PHASE1_CHUNKED["solver"], chunk_size=PHASE1_CHUNKED["chunk_size"],
-                chain_group=phase1_group(k, None))[0]
+                solver=PHASE1_CHUNKED["solver"], chunk_size=PHASE1_CHUNKED["chunk_size"], chain_group=group)[0]
             run("phase1_chunked[osdn]", "phase1", p1c, [k, beta], torch.ones(B, T, H, D, device=device))
         if not sweep_only and name == "osdn" and T <= REF_MAX_T:
             call_ref = lambda x=x: osdn_ref.chunk_osdn(**x, eta=eta)[0]  # noqa: E731

@@ -1,4 +1,5 @@
-"""Launch settings (value tile BV, key-channel block KB or map-column block BN, warps, pipeline stages) of the kernels' stages, for K <= 128.
+"""Launch settings (value tile BV, key-channel block KB or map-column block BN, warps, pipeline stages) of the
+kernels' stages, for K <= 128.
 
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
 (8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md); the state chain's `_few` and `_some` entries, taken when few
@@ -6,8 +7,10 @@ sequence-heads run (common.chain_stage), from its sweeps at (1, 16384, 16, 128) 
 chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages; phase1_chunk._parallel_launch) from their
 sweep at (4, 4096, 16, 128); its two chains (`phase1_state`, `phase1_bwd_state`; phase1_chunk._chain_launch) from
 their sweep at (1, 16384, 16, 128); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`) from
-theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these numbers change only how the work is split (at most the order of float32 sums), so the GPU validation (book/data/gpu_validation.json)
-records them and a test compares them, while the kernels' digest covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
+theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these
+numbers change only how the work is split (at most the order of float32 sums), so the GPU validation
+(book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest covers every other
+file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
 """
 
 TUNING = {
