@@ -110,14 +110,14 @@ def sm_count(device: torch.device) -> int:
 
 def chain_stage(stage: str, BK: int, BV: int, V: int, seq_heads: int, device: torch.device) -> str:
     """The TUNING entry of a state-chain stage, one program per (value tile, sequence, head) walking all its chunks.
-    With few programs (long T, small batch) the chain's latency is the time: `<stage>_few` (narrower tiles, deeper
-    pipeline) when even half-width value tiles leave each program an SM of its own, `<stage>_some` when full-width
-    ones do, the stage's own entry when the programs outnumber the SMs."""
-    programs = seq_heads * triton.cdiv(V, launch(stage, BK, BV)[0])
+    With few programs (long T, small batch) the chain's latency is the time: `<stage>_few` (the narrowest value
+    tiles, a deep pipeline) when its programs each get an SM of their own, else `<stage>_some` (full-width tiles)
+    when its programs do, else the stage's own entry (more programs than SMs: throughput)."""
     sms = sm_count(device)
-    for tier, fits in (("few", 2 * programs <= sms), ("some", programs <= sms)):
-        if fits and f"{stage}_{tier}" in TUNING:
-            return f"{stage}_{tier}"
+    for tier in ("few", "some"):
+        name = f"{stage}_{tier}"
+        if name in TUNING and seq_heads * triton.cdiv(V, launch(name, BK, BV)[0]) <= sms:
+            return name
     return stage
 
 
