@@ -161,7 +161,7 @@ def sweep(calls, budget_s):
             cfg = dict(num_warps=warps, num_stages=stages)
             if tile in committed[stage]:
                 cfg[tile] = size
-            for name in (stage, stage + "_few", stage + "_some"):  # whichever entry chain_stage picks here
+            for name in (stage, stage + "_few"):  # whichever entry chain_stage picks here
                 if name in committed:
                     TUNING[name] = cfg
             try:
@@ -268,7 +268,7 @@ def main(argv=None):
         return
     print("best:", json.dumps(result["best"]), flush=True)
     for stage, cfg in result["best"].items():  # the chain stages: every tier's entry, whichever this shape takes
-        tuning.TUNING.update({name: cfg for name in (stage, stage + "_few", stage + "_some") if name in tuning.TUNING})
+        tuning.TUNING.update({name: cfg for name in (stage, stage + "_few") if name in tuning.TUNING})
     print("best TUNING, whole op:", flush=True)
     result["tuned"] = whole_op(x, fla)
     save(args.out, "profile_phase2.json", result)

@@ -39,8 +39,8 @@ GRAD_THRESHOLD = 0.008
 GATE_GRAD_THRESHOLD = 0.02
 GATE_GRADS = ("dr",)  # dg and dβ stay at GRAD_THRESHOLD, which they meet
 # fla's four test shapes, then more sequence-heads: on the H200 (132 SMs) the state chain takes its `_few` launch
-# (common.chain_stage) at the first four, `_some` at (8, 512, 16, 64) and its standard one at (8, 512, 16, 128);
-# each row records the tier
+# (common.chain_stage: value tiles of 16) at the first four, its standard one at both (8, 512) shapes and the packed
+# sequences (20 sequence-heads); each row records the tier
 SHAPES = [(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64), (8, 512, 16, 64), (8, 512, 16, 128)]
 VARLEN = [((0, 15, 100, 300, 1200, 2000), 4, 128)]  # (cu_seqlens, H, D)
 TIMING_SHAPE = (4, 4096, 16, 128)

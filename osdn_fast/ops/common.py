@@ -110,14 +110,11 @@ def sm_count(device: torch.device) -> int:
 
 def chain_stage(stage: str, BK: int, BV: int, V: int, seq_heads: int, device: torch.device) -> str:
     """The TUNING entry of a state-chain stage, one program per (value tile, sequence, head) walking all its chunks.
-    With few programs (long T, small batch) the chain's latency is the time: `<stage>_few` (the narrowest value
-    tiles, a deep pipeline) when its programs each get an SM of their own, else `<stage>_some` (full-width tiles)
-    when its programs do, else the stage's own entry (more programs than SMs: throughput)."""
-    sms = sm_count(device)
-    for tier in ("few", "some"):
-        name = f"{stage}_{tier}"
-        if name in TUNING and seq_heads * triton.cdiv(V, launch(name, BK, BV)[0]) <= sms:
-            return name
+    With few programs (long T, small batch) the chain's latency is the time: `<stage>_few` (narrow value tiles, a
+    deep pipeline, more programs) when its programs each still get an SM of their own, else the stage's own entry."""
+    few = f"{stage}_few"
+    if few in TUNING and seq_heads * triton.cdiv(V, launch(few, BK, BV)[0]) <= sm_count(device):
+        return few
     return stage
 
 

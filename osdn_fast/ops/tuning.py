@@ -2,8 +2,8 @@
 kernels' stages, for K <= 128.
 
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
-(8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md); the state chain's `_few` and `_some` entries, taken when few
-sequence-heads run (common.chain_stage), from its sweeps at (1, 16384, 16, 128) and (4, 4096, 16, 128); phase 1's
+(8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md), the state chain's agreeing with its sweep at (4, 4096, 16, 128);
+its `_few` entries, taken when few sequence-heads run (common.chain_stage), from its sweep at (1, 16384, 16, 128); phase 1's
 chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages; phase1_chunk._parallel_launch) from their
 sweep at (4, 4096, 16, 128); its two chains (`phase1_state`, `phase1_bwd_state`; phase1_chunk._chain_launch) from
 their sweep at (1, 16384, 16, 128); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`) from
@@ -18,12 +18,10 @@ TUNING = {
     "solve": dict(num_warps=2, num_stages=1),
     "wu": dict(BV=64, num_warps=4, num_stages=2),
     "wy_bwd": dict(num_warps=4, num_stages=3),
-    "state_fwd": dict(BV=64, num_warps=4, num_stages=2),
-    "state_bwd": dict(BV=64, num_warps=4, num_stages=1),
+    "state_fwd": dict(BV=64, num_warps=4, num_stages=3),
+    "state_bwd": dict(BV=64, num_warps=8, num_stages=3),
     "state_fwd_few": dict(BV=16, num_warps=4, num_stages=3),
     "state_bwd_few": dict(BV=16, num_warps=4, num_stages=3),
-    "state_fwd_some": dict(BV=64, num_warps=4, num_stages=3),
-    "state_bwd_some": dict(BV=64, num_warps=8, num_stages=3),
     "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
     "output_bwd_local": dict(BV=64, num_warps=4, num_stages=3),
     "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
