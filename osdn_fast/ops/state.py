@@ -34,17 +34,23 @@ def decay_to_end(G, b_g, last, m_t, i_h, H, HAS_G: tl.constexpr):
 
 
 @triton.jit
+def chain_program(cu_seqlens, chunk_offsets, H):
+    """A chain program's (value tile, sequence·H + head, head, first token, end token, first chunk's index)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1)
+    i_n = i_nh // H
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    return i_v, i_nh, i_nh % H, bos, eos, tl.load(chunk_offsets + i_n)
+
+
+@triton.jit
 def state_fwd_kernel(w, u, kt, G, S0, h, ubar, S_final, cu_seqlens, chunk_offsets, H,
                      K: tl.constexpr, V: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr,
                      HAS_G: tl.constexpr, HAS_S0: tl.constexpr, STORE_FINAL: tl.constexpr):
     """From BK = 128 on, S is held as two tiles of BK / 2 key rows, a and b: W S = W_a S_a + W_b S_b, and each half
     takes its rows of K̃ᵀ Ū (fewer registers live at once: ptxas spilled far less, benchmarks/NOTES.md). The decay
     e^{G_C − G} scales Ū's rows (a [BT, BV] tile) rather than K̃'s ([BT, BK])."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    boh = tl.load(chunk_offsets + i_n)
+    i_v, i_nh, i_h, bos, eos, boh = chain_program(cu_seqlens, chunk_offsets, H)
     SPLIT: tl.constexpr = BK >= 128
     HK: tl.constexpr = BK // 2 if SPLIT else BK
     o_a, o_v = tl.arange(0, HK), i_v * BV + tl.arange(0, BV)
@@ -91,11 +97,7 @@ def state_bwd_kernel(q, kt, w, G, do, du_local, dS_final, dh, du, dS0, scale, cu
     """∂S in two tiles of BK / 2 key rows from BK = 128 on, as the forward holds S. The gate's factors scale the
     [BT, BV] tiles: (K̃ ⊙ e^{G_C − G}) ∂S = e^{G_C − G} ⊙ (K̃ ∂S) and (Q ⊙ γ)ᵀ ∂O = Qᵀ (γ ⊙ ∂O), `scale` applied to
     the product."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1)
-    i_n, i_h = i_nh // H, i_nh % H
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    boh = tl.load(chunk_offsets + i_n)
+    i_v, i_nh, i_h, bos, eos, boh = chain_program(cu_seqlens, chunk_offsets, H)
     SPLIT: tl.constexpr = BK >= 128
     HK: tl.constexpr = BK // 2 if SPLIT else BK
     o_a, o_v = tl.arange(0, HK), i_v * BV + tl.arange(0, BV)
