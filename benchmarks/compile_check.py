@@ -2,8 +2,8 @@
 
 Uses the installed Triton and its bundled ptxas, so a kernel that the GPU's compiler would reject (an API
 missing in that Triton version, shared memory above the limit) fails here first. Each line also gives the
-kernel's registers and stack per thread (cuobjdump -res-usage): stack beyond a few locals is registers spilled. Run it with the Triton
-version of the GPU image (e.g. in a virtual environment with triton==3.6) before spending GPU time:
+kernel's registers and stack per thread (cuobjdump -res-usage): stack beyond a few locals is registers spilled.
+Run it with the Triton version of the GPU image (e.g. in a virtual environment with triton==3.6) before spending GPU time:
 
     python benchmarks/compile_check.py --dims 64 128 256          # must not run under TRITON_INTERPRET=1
 """

@@ -81,7 +81,8 @@ def main(argv=None):
               flush=True)
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"probe_{args.stage}.json"), "w") as f:
-            json.dump(dict(shape=shape, stage=args.stage, gpu=torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)", rows=rows), f, indent=1)
+            gpu = torch.cuda.get_device_name() if args.device == "cuda" else "cpu (interpreter)"
+            json.dump(dict(shape=shape, stage=args.stage, gpu=gpu, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":

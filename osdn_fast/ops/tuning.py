@@ -2,9 +2,9 @@
 kernels' stages, for K <= 128.
 
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
-(8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md), the state chain's agreeing with its sweep at (4, 4096, 16, 128);
-its `_few` entries, taken when few sequence-heads run (common.chain_stage), from its sweep at (1, 16384, 16, 128); phase 1's
-chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages; phase1_chunk._parallel_launch) from their
+(8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md), the state chain's agreeing with its sweep at
+(4, 4096, 16, 128); its `_few` entries, taken when few sequence-heads run (common.chain_stage), from its sweep at
+(1, 16384, 16, 128); phase 1's chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages; phase1_chunk._parallel_launch) from their
 sweep at (4, 4096, 16, 128); its two chains (`phase1_state`, `phase1_bwd_state`; phase1_chunk._chain_launch) from
 their sweep at (1, 16384, 16, 128); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`) from
 theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these
