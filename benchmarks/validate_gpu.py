@@ -128,7 +128,6 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     import osdn_ref
     from osdn_fast.ops.common import block_dims, chain_launch, chain_stage
 
-
     B, T, H, D = shape
     N = B if cu is None else len(cu) - 1
     options = dict(options)
