@@ -408,3 +408,54 @@ def test_fused_chunk_backward_sums_phase2_gradients(beta_aware):
     torch.testing.assert_close(fused[1], plain[1] + db2, rtol=1e-5, atol=1e-6)
     for a, b in zip(fused[2:], plain[2:]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+@settings(max_examples=10, deadline=None)
+@given(phase1_problems(clip=False), st.sampled_from([9, 31, 70]), st.sampled_from([5, 64, 130]),
+       st.booleans(), st.booleans())
+def test_lookahead_scan_equals_the_plain_scan(p, T, K, fused, gd_all):
+    """phase1_lookahead.py's kernels (reductions two tokens ahead, eight tokens per iteration) against the
+    plain sequential kernels on the same float32 input: d_t, d_T, k̃ and every gradient, up to float32 rounding.
+    T crosses several iterations with a partial last one; packed sequences include an empty one; K up to 130
+    (two warps); the backward fused with phase 2's (∂k̃, ∂k, ∂β) as chunk_osdn calls it, or fed ∂d_t directly."""
+    from osdn_fast.ops.phase1 import phase1_bwd_seq
+
+    gen = torch.Generator().manual_seed(p["seed"])
+    B, H = p["B"], p["H"]
+    cu = None
+    if p["lengths"] is not None:
+        B, cut = 1, sorted(torch.randint(0, T + 1, (2,), generator=gen).tolist())
+        cu = torch.tensor([0, cut[0], cut[0], cut[1], T], dtype=torch.int32, device=DEVICE)  # one empty sequence
+    N = B if cu is None else cu.numel() - 1
+    randn = lambda *s: torch.randn(*s, generator=gen).to(DEVICE)  # noqa: E731
+    k = F.normalize(randn(B, T, H, K), dim=-1)
+    if p["zero_key"]:
+        k[0, T // 2, 0] = 0
+    beta = torch.rand(B, T, H, generator=gen).to(DEVICE)
+    r = (0.5 + 0.5 * torch.rand(B, T, H, generator=gen)).to(DEVICE) if p["has_r"] else None
+    d0 = (0.5 + torch.rand(N, H, K, generator=gen)).to(DEVICE) if p["has_d0"] else None
+    eta = torch.full((H,), 0.7, device=DEVICE)
+    opts = dict(d_min=None, d_max=None, cu_seqlens=cu, **{n: p["options"][n] for n in ("beta_aware", "normalize")})
+    plain = phase1_fwd_seq(k, beta, r, d0, eta, store_kt=True, lookahead=False, **opts)
+    ahead = phase1_fwd_seq(k, beta, r, d0, eta, store_kt=True, **opts)
+    for name, a, b in zip(("d_all", "d_final", "kt"), ahead, plain):
+        torch.testing.assert_close(a, b, rtol=2e-5, atol=2e-6, msg=name)
+    cot = dict(gd_all=None if fused or not gd_all else randn(B, T, H, K), gd_final=randn(N, H, K),
+               phase2_grads=(randn(B, T, H, K), randn(B, T, H, K), randn(B, T, H)) if fused else None)
+    want = phase1_bwd_seq(k, beta, r, eta, plain[0], lookahead=False, **cot, **opts)
+    got = phase1_bwd_seq(k, beta, r, eta, plain[0], **cot, **opts)
+    for name, a, b in zip(("dk", "dbeta", "dr", "dd0", "deta"), got, want):
+        if b is None:
+            assert a is None, name
+            continue
+        assert torch.isfinite(a).all(), name
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_lookahead_scan_refuses_the_clip():
+    from osdn_fast.ops.phase1_lookahead import phase1_fwd_lookahead
+
+    k = torch.randn(1, 4, 1, 4, device=DEVICE)
+    with pytest.raises(ValueError, match="d_min, d_max"):
+        phase1_fwd_lookahead(k, torch.rand(1, 4, 1, device=DEVICE), None, None, torch.ones(1, device=DEVICE),
+                             d_min=0.5, d_max=None, beta_aware=True, normalize=True, cu_seqlens=None)
