@@ -7,9 +7,8 @@ Script check on the CPU (tiny shapes, Triton interpreter, wall-clock medians):
 Registers and spills of every kernel for sm_90, compiled on any machine (no GPU, no timing):
     python benchmarks/bench_phase1.py --ptxas --out /tmp/phase1_ptxas.json
 
-Rows: shape (B, T, H, K) and variant: seq (without the clip: phase1_lookahead.py), seq-plain (the same scan in
-phase1.py's kernels, each reduction waited for at its own token), seq+clip, and chunk<C>-<solver>-<precision> for
-every chunk size, solver and tl.dot precision asked for, then seq+clip+kt and seq+clip+kt-no-d_all (forward only: the scan as
+Rows: shape (B, T, H, K) and variant: seq, seq+clip, and chunk<C>-<solver>-<precision> for every chunk size,
+solver and tl.dot precision asked for, then seq+clip+kt and seq+clip+kt-no-d_all (forward only: the scan as
 chunk_osdn launches it, keeping d_all for a backward or not; `-op`: with r in k's dtype and no d_0, as the suite
 passes them); each without and with the APF gate r (+apf). Per row: median milliseconds
 (triton.testing.do_bench on CUDA) forward and forward+backward, microseconds per token of one sequence, and, for
@@ -74,8 +73,7 @@ def make_inputs(B, T, H, K, dtype, device, apf: bool):
 def variants(chunk_sizes, solvers, precisions, newton=False, groups=(None,)):
     """(name, scan options): the sequential scan without and with the clip, Newton over chunks of 64 with the clip
     (if asked), then every chunk configuration, its chains walked one chunk at a time or in groups (`-g<G>`)."""
-    out = [("seq", dict(chunked=False)), ("seq-plain", dict(chunked=False, lookahead=False)),
-           ("seq+clip", dict(chunked=False, d_min=2 / 3, d_max=1.5))]
+    out = [("seq", dict(chunked=False)), ("seq+clip", dict(chunked=False, d_min=2 / 3, d_max=1.5))]
     if newton:
         out.append(("newton64+clip", dict(newton=True, chunk_size=64, d_min=2 / 3, d_max=1.5)))
         out.append(("newton64-diag+clip", dict(newton=True, newton_jacobian="diagonal", chunk_size=64, d_min=2 / 3,

@@ -20,7 +20,7 @@ SHARED_LIMIT = 227 * 1024  # bytes of shared memory one H100/H200 block may use
 
 def jobs(K, V, chunk_size=64):
     """(kernel, constexprs, arguments passed as None, launch options): the launches of osdn_fast.ops.chunk."""
-    from osdn_fast.ops import cumsum, output, phase1, phase1_lookahead, phase1_newton, phase1_parallel, solve, state, wy
+    from osdn_fast.ops import cumsum, output, phase1, phase1_newton, phase1_parallel, solve, state, wy
     from osdn_fast.ops.common import block_dims, launch
     from osdn_fast.ops.phase1_launch import block_k
 
@@ -63,11 +63,6 @@ def jobs(K, V, chunk_size=64):
                                                                      BT=chunk_size), (), dict(num_warps=4)))
         out.append((phase1_parallel.phase1_bwd_parallel_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full,
                                                                      FUSED=full, BT=chunk_size), (), dict(num_warps=4)))
-        plain = dict(flags, HAS_MIN=False, HAS_MAX=False)  # the lookahead scan has no clip
-        out.append((phase1_lookahead.phase1_fwd_lookahead_kernel, dict(plain, HAS_D0=full, STORE_KT=True,
-                                                                       STORE_D=full), (), p1_options))
-        out.append((phase1_lookahead.phase1_bwd_lookahead_kernel, dict(plain, HAS_GD_ALL=not full,
-                                                                       HAS_GD_FINAL=full, FUSED=full), (), p1_options))
         newton_flags = {n: v for n, v in flags.items() if n in phase1_newton.newton_chunk_kernel.arg_names}
         out.append((phase1_newton.newton_chunk_kernel, dict(newton_flags, BT=chunk_size, STORE_KT=True,
                                                             DIAGONAL=full), (), dict(num_warps=1 if full else 4)))

@@ -13,8 +13,7 @@ the reverse scan of the adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with
     ∂β_t = η p_t (1 − 2 b_t s_t) / n_t,  ∂r_t = ⟨λ̄_t, d_t⟩,  ∂η = Σ_t p_t b_t (1 − b_t s_t) / n_t
 
 `phase1_chunk` (no clip, WY form) and `phase1_parallel` (clip included, fixed point) compute the same scan
-chunk-parallel; `preconditioner_scan` runs them on request. Without the clip the scan runs as
-`phase1_lookahead`: the same recurrence, its reduction over d taken two tokens ahead. chunk_osdn runs the sequential kernels here below a
+chunk-parallel; `preconditioner_scan` runs them on request. chunk_osdn runs the sequential kernels here below a
 mean sequence length of 4096 and the unclipped chunk form above it, where the clip stays idle
 (`chunk.phase1_form`; H200 timings in benchmarks/NOTES.md).
 """
@@ -283,23 +282,12 @@ def _seq_warps(BK: int) -> int:
     return 1 if BK <= 128 else 2
 
 
-def _lookahead(d_min, d_max, only_if, lookahead: bool) -> bool:
-    """Whether the scan runs as phase1_lookahead.py's kernels: asked for, no clip, no guard."""
-    return lookahead and d_min is None and d_max is None and only_if is None
-
-
 def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, cu_seqlens, store_kt=False,
-                   out=None, only_if=None, store_d=True, lookahead=True):
+                   out=None, only_if=None, store_d=True):
     """Sequential forward: (d_all [B, T, H, K] float32, or None without `store_d`, d_final [N, H, K] float32,
     k̃ = d ⊙ k in k's dtype or None without `store_kt`), written into `out` = (d_all, d_final, k̃) if given. With
     `only_if` (an int32 [1] on the device) the scan runs only if it is nonzero, decided on the device: no host
-    synchronisation. Without the clip or `only_if` it runs phase1_lookahead.py's kernel unless `lookahead` is False."""
-    if _lookahead(d_min, d_max, only_if, lookahead):
-        from .phase1_lookahead import phase1_fwd_lookahead
-
-        return phase1_fwd_lookahead(k, beta, r, d0, eta, d_min=d_min, d_max=d_max, beta_aware=beta_aware,
-                                    normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt, out=out,
-                                    store_d=store_d)
+    synchronisation."""
     return launch_fwd(phase1_fwd_seq_kernel, k, beta, r, d0, eta, d_min=d_min, d_max=d_max, beta_aware=beta_aware,
                       normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt, out=out, store_d=store_d,
                       guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None, STORE_D=store_d,
@@ -307,16 +295,9 @@ def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, 
 
 
 def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
-                   phase2_grads=None, out=None, only_if=None, lookahead=True):
+                   phase2_grads=None, out=None, only_if=None):
     """Sequential backward: phase1_launch.launch_bwd's results (the fused form with `phase2_grads`), written into
-    `out` if given; with `only_if` (int32 [1] on the device) it runs only if that is nonzero, as phase1_fwd_seq,
-    whose choice of kernel it shares."""
-    if _lookahead(d_min, d_max, only_if, lookahead):
-        from .phase1_lookahead import phase1_bwd_lookahead
-
-        return phase1_bwd_lookahead(k, beta, r, eta, d_all, gd_all, gd_final, d_min=d_min, d_max=d_max,
-                                    beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens,
-                                    phase2_grads=phase2_grads, out=out)
+    `out` if given; with `only_if` (int32 [1] on the device) it runs only if that is nonzero, as phase1_fwd_seq."""
     return launch_bwd(phase1_bwd_seq_kernel, k, beta, r, eta, d_all, gd_all, gd_final, d_min=d_min, d_max=d_max,
                       beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
                       out=out, guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None,
@@ -347,7 +328,7 @@ class Phase1Function(torch.autograd.Function):
 
             d_all, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, **options)
         else:
-            d_all, d_final, _ = phase1_fwd_seq(k, beta, r, d0, eta, **opts, **options)
+            d_all, d_final, _ = phase1_fwd_seq(k, beta, r, d0, eta, **opts)
         ctx.save_for_backward(k, beta, r, d0, eta, d_all, cu_seqlens)
         ctx.opts, ctx.form, ctx.options = opts, form, options
         return d_all, d_final
@@ -365,7 +346,7 @@ class Phase1Function(torch.autograd.Function):
 
             grads = phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.options)
         else:
-            grads = phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, **opts, **ctx.options)
+            grads = phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, **opts)
         dk, dbeta, dr, dd0, deta = grads
         return (
             dk.to(k.dtype), dbeta.to(beta.dtype), _grad_like(dr, r), _grad_like(dd0, d0),
@@ -393,7 +374,6 @@ def preconditioner_scan(
     dot_precision: str = "ieee",
     newton_jacobian: str = "dense",
     chain_group: int | None = None,
-    lookahead: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Phase 1 in Triton: (d_all [B, T, H, K] float32, d_final [N, H, K] float32), differentiable.
 
@@ -405,9 +385,7 @@ def preconditioner_scan(
     4096, grouped by chunk.phase1_group), `parallel=True` the exact
     chunk-parallel fixed point, clip included (phase1_parallel.py), `newton=True` the forward across chunks by
     Newton's method, clip included (phase1_newton.py; chunks of `chunk_size`, `newton_jacobian` "dense" or
-    "diagonal", its backward the sequential reverse scan). Otherwise the backward takes the forward's form. The
-    sequential scan without the clip takes its reductions two tokens ahead (phase1_lookahead.py) unless `lookahead`
-    is False.
+    "diagonal", its backward the sequential reverse scan). Otherwise the backward takes the forward's form.
     Inputs are assumed validated.
     """
     H = k.shape[2]
@@ -423,7 +401,7 @@ def preconditioner_scan(
         raise ValueError("chain_group: only the chunk form (chunked=True) walks its chains in groups")
     options = dict(chunk_size=chunk_size, solver=solver, precision=dot_precision, group=chain_group) if chunked else \
         dict(chunk_size=chunk_size, jacobian=newton_jacobian) if newton else \
-        dict(chunk_size=chunk_size) if parallel else dict(lookahead=lookahead)
+        dict(chunk_size=chunk_size) if parallel else {}
     return Phase1Function.apply(
         k.contiguous(), beta.contiguous(), contig(r), contig(d0), eta.contiguous(), d_min, d_max,
         beta_aware, normalize, contig(cu_seqlens), form, options,
