@@ -87,12 +87,8 @@ def output_bwd_kernel(q, kt, G, h, dh, ubar, du, do, dq, dkt, dw, dg, scale, cu_
         b_dPt += mm(b_ub, tl.trans(b_do))
         b_dkh += mm(b_ub, tl.trans(b_dh))
         b_dw -= mm(load_tile(du, o_t, m_t, i_h, H, V, o_v), tl.trans(b_h))
+        b_hdh += tl.sum(b_h.to(tl.float32) * b_dh.to(tl.float32), axis=1)
 
-    if HAS_G:  # Σ_v H ⊙ ∂H for ∂G_C in a pass of its own: in the loop above, its float32 products spilled at K = 128
-        for i_v in range(tl.cdiv(V, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            b_hdh += tl.sum(load_state(h, i_t * H + i_h, o_k, o_v, K, V).to(tl.float32)
-                            * load_state(dh, i_t * H + i_h, o_k, o_v, K, V).to(tl.float32), axis=1)
     b_gam = gram_decay(b_g, BT, False)
     b_dq = b_dq * (scale * tl.exp(b_g))[:, None]
     b_dg = tl.sum(b_dq * b_q.to(tl.float32), axis=1)
