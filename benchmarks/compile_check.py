@@ -43,6 +43,8 @@ def jobs(K, V, chunk_size=64):
             (state.state_bwd_kernel, "state_bwd", BK, dict(HAS_DSF=True)),
             (state.state_fwd_kernel, "state_fwd_few", BK, dict(HAS_S0=True, STORE_FINAL=True)),
             (state.state_bwd_kernel, "state_bwd_few", BK, dict(HAS_DSF=True)),
+            (state.state_fwd_kernel, "state_fwd_some", BK, dict(HAS_S0=True, STORE_FINAL=True)),
+            (state.state_bwd_kernel, "state_bwd_some", BK, dict(HAS_DSF=True)),
             (output.output_fwd_kernel, "output_fwd", BK, {}),
             (output.output_bwd_local_kernel, "output_bwd_local", BK, {}),
             (output.output_bwd_kernel, "output_bwd", BKS, {}),

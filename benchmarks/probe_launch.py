@@ -45,7 +45,7 @@ def child(shape: tuple, stage: str, setting: dict, device: str) -> dict:
     sync()
     committed = [t.clone() for t in outputs(call())]
     sync()
-    for name in (stage, stage + "_few"):
+    for name in (stage, stage + "_few", stage + "_some"):
         if name in TUNING:
             TUNING[name] = dict(setting)
     probed = outputs(call())

@@ -161,7 +161,7 @@ def sweep(calls, budget_s):
             cfg = dict(num_warps=warps, num_stages=stages)
             if tile in committed[stage]:
                 cfg[tile] = size
-            for name in (stage, stage + "_few"):  # whichever entry chain_stage picks here
+            for name in (stage, stage + "_few", stage + "_some"):  # whichever entry chain_stage picks here
                 if name in committed:
                     TUNING[name] = cfg
             try:
@@ -210,6 +210,22 @@ def whole_op(x, fla):
     return out
 
 
+def op_kernels(x, fla, osdn_fwd, do):
+    """{table: kernel_table rows} of osdn's forward and forward+backward, and fla's when installed."""
+    tables = {"osdn fwd": osdn_fwd, "osdn fwd+bwd": lambda: osdn_fwd().backward(do)}
+    if fla is not None:
+        fla_fwd = lambda: fla(x["q"], x["k"], x["v"], x["beta"])[0]  # noqa: E731
+        tables.update({"fla fwd": fla_fwd, "fla fwd+bwd": lambda: fla_fwd().backward(do)})
+    out = {}
+    for name, fn in tables.items():
+        rows = kernel_table(fn, leaves=[t for t in x.values() if torch.is_tensor(t) and t.requires_grad])
+        out[name] = rows
+        print(f"{name}: {sum(r[1] for r in rows):.1f} µs of kernels", flush=True)
+        for kname, us, n in rows[:14]:
+            print(f"  {us:9.1f} µs  ×{n:4.1f}  {kname}", flush=True)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True)
@@ -219,8 +235,17 @@ def main(argv=None):
                                      "phase1_bwd_out (phase 1's chunk-form kernels: phase1_prep, phase1_out, "
                                      "phase1_bwd_prep, phase1_bwd_out, the chains phase1_state, phase1_bwd_state, and "
                                      "the grouped chains' phase1_group_map, phase1_group_walk)")
+    ap.add_argument("--state-space", help="the state chain's sweep space instead of STATE_SPACE, as "
+                                          "BV:warps:stages with comma-separated values, e.g. 32,64:4,8:3")
+    ap.add_argument("--sweep-only", action="store_true",
+                    help="only the sweep: no whole-op medians, kernel tables or tuned run (a short device call)")
     args = ap.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split("x"))
+    if args.state_space:
+        values = [tuple(int(v) for v in part.split(",")) for part in args.state_space.split(":")]
+        if len(values) != 3:
+            ap.error("--state-space: BV:warps:stages")
+        STATE_SPACE.update(zip(("BV", "num_warps", "num_stages"), values))
     import triton
 
     import osdn_fast
@@ -238,20 +263,10 @@ def main(argv=None):
                   gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   fla="missing" if fla is None else "0.6.0", shape=shape, options=OPTIONS,
                   committed_tuning=copy.deepcopy(tuning.TUNING))
-    print("committed TUNING, whole op:", flush=True)
-    result["committed"] = whole_op(x, fla)
-    tables = {"osdn fwd": osdn_fwd, "osdn fwd+bwd": lambda: osdn_fwd().backward(do)}
-    if fla is not None:
-        fla_fwd = lambda: fla(x["q"], x["k"], x["v"], x["beta"])[0]  # noqa: E731
-        tables.update({"fla fwd": fla_fwd, "fla fwd+bwd": lambda: fla_fwd().backward(do)})
-    result["kernels"] = {}
-    for name, fn in tables.items():
-        rows = kernel_table(fn, leaves=[t for t in x.values() if torch.is_tensor(t) and t.requires_grad])
-        result["kernels"][name] = rows
-        print(f"{name}: {sum(r[1] for r in rows):.1f} µs of kernels", flush=True)
-        for kname, us, n in rows[:14]:
-            print(f"  {us:9.1f} µs  ×{n:4.1f}  {kname}", flush=True)
-    save(args.out, "profile_phase2.json", result)
+    result["state_space"] = STATE_SPACE
+    if not args.sweep_only:
+        result["committed"], result["kernels"] = whole_op(x, fla), op_kernels(x, fla, osdn_fwd, do)
+        save(args.out, "profile_phase2.json", result)
     if args.sweep_budget <= 0:
         return
     print("sweep:", flush=True)
@@ -267,8 +282,10 @@ def main(argv=None):
         print(f"sweep stopped: illegal memory access at {result['sweep_fault']}; no tuned run", flush=True)
         return
     print("best:", json.dumps(result["best"]), flush=True)
+    if args.sweep_only:
+        return
     for stage, cfg in result["best"].items():  # the chain stages: every tier's entry, whichever this shape takes
-        tuning.TUNING.update({name: cfg for name in (stage, stage + "_few") if name in tuning.TUNING})
+        tuning.TUNING.update({name: cfg for name in (stage, stage + "_few", stage + "_some") if name in tuning.TUNING})
     print("best TUNING, whole op:", flush=True)
     result["tuned"] = whole_op(x, fla)
     save(args.out, "profile_phase2.json", result)

@@ -233,24 +233,29 @@ def test_wide_heads_match_reference():
     compare(tensors, {}, 32)
 
 
-@pytest.mark.parametrize("sms, stage", [(132, "state_fwd_few"), (5, "state_fwd")])
+@pytest.mark.parametrize("sms, stage", [(132, "state_fwd_few"), (8, "state_fwd_some"), (5, "state_fwd")])
 def test_state_chain_tiers(sms, stage, monkeypatch):
-    """The state chain's launch follows how many (sequence, head, value tile) programs its `_few` entry's narrow
-    value tile makes against the SMs (common.chain_stage: on the H200, 132 SMs, "few" at (1, 16384, 16, 128), the
-    standard entry at (4, 4096) and (8, 2048)); forced on the CPU, where sm_count is 0, the op still matches float64."""
+    """The state chain's launch follows how many (sequence, head, value tile) programs the narrow value tiles of its
+    `_few` (16) and `_some` (32) entries make against the SMs (common.chain_stage: on the H200, 132 SMs, "few" at
+    (1, 16384, 16, 128), "some" at (2, 8192, 16, 128) and (2, 4096, 32, 64), the standard entry at (4, 4096) and
+    (8, 2048)); forced on the CPU, where sm_count is 0, the op still matches float64."""
     from osdn_fast.ops import common
     from osdn_fast.ops.tuning import TUNING
 
     monkeypatch.setattr(common, "sm_count", lambda device: 132)
     monkeypatch.setitem(TUNING, "state_bwd_few", dict(BV=16, num_warps=4, num_stages=3))
+    monkeypatch.setitem(TUNING, "state_bwd_some", dict(BV=32, num_warps=4, num_stages=3))
     cpu = torch.device("cpu")
-    tiers = {seq_heads: common.chain_stage("state_bwd", 128, 64, 128, seq_heads, cpu) for seq_heads in (16, 17)}
-    assert tiers == {16: "state_bwd_few", 17: "state_bwd"}  # 8 value tiles of 16: 16·8 = 128 ≤ 132 < 17·8
-    assert common.chain_stage("state_bwd", 128, 64, 64, 33, cpu) == "state_bwd_few"  # V = 64: 33·4 = 132
+    tiers = {seq_heads: common.chain_stage("state_bwd", 128, 64, 128, seq_heads, cpu) for seq_heads in (16, 17, 33, 34)}
+    # 8 value tiles of 16: 16·8 = 128 ≤ 132 < 17·8; 4 of 32: 33·4 = 132 < 34·4
+    assert tiers == {16: "state_bwd_few", 17: "state_bwd_some", 33: "state_bwd_some", 34: "state_bwd"}
+    tiers = {seq_heads: common.chain_stage("state_bwd", 128, 64, 64, seq_heads, cpu) for seq_heads in (33, 34, 66, 67)}
+    assert tiers == {33: "state_bwd_few", 34: "state_bwd_some", 66: "state_bwd_some", 67: "state_bwd"}  # V = 64
     assert common.chain_launch("state_bwd", 128, 64, 128, 16, cpu) == (16, dict(num_warps=4, num_stages=3))
+    assert common.chain_launch("state_bwd", 128, 64, 128, 32, cpu) == (32, dict(num_warps=4, num_stages=3))
     monkeypatch.setattr(common, "sm_count", lambda device: sms)
     gen, (q, k, v, beta) = make_tensors(5, 2, 40, 1, 80, 70, torch.float64)  # 2 sequences · 5 value tiles of 16
-    assert common.chain_stage("state_fwd", 128, 64, 70, 2, cpu) == stage  # 10 programs: within 132 SMs, not 5
+    assert common.chain_stage("state_fwd", 128, 64, 70, 2, cpu) == stage  # 10 programs at BV 16, 6 at BV 32
     tensors = dict(q=q, k=k, v=v, beta=beta, eta=0.3, g=-0.2 * torch.rand(2, 40, 1, generator=gen, dtype=torch.float64),
                    r=None, S0=torch.randn(2, 1, 80, 70, generator=gen, dtype=torch.float64), d0=None)
     compare(tensors, {}, 32)

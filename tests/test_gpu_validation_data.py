@@ -55,8 +55,8 @@ def test_coverage():
     rows = load()["rows"]
     shapes = {(r["B"], r["T"], r["H"], r["D"]) for r in rows if not r["varlen"]}
     assert {(1, 63, 1, 64), (2, 1000, 3, 128), (3, 2000, 4, 128), (4, 2048, 8, 64)} <= shapes
-    # both launch tiers of the state chain (common.chain_stage): few and many sequence-heads
-    assert {r["state_tier"] for r in rows} == {"few", "standard"}
+    # the three launch tiers of the state chain (common.chain_stage): few, some and many sequence-heads
+    assert {r["state_tier"] for r in rows} == {"few", "some", "standard"}
     runs = [(dtype, True) for dtype in ("bfloat16", "float16")] + [("bfloat16", False)]  # (dtype, clip)
     for dtype, clip in runs:
         for gate in ("none", "gdn"):

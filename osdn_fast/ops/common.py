@@ -110,11 +110,11 @@ def sm_count(device: torch.device) -> int:
 
 def chain_stage(stage: str, BK: int, BV: int, V: int, seq_heads: int, device: torch.device) -> str:
     """The TUNING entry of a state-chain stage, one program per (value tile, sequence, head) walking all its chunks.
-    With few programs (long T, small batch) the chain's latency is the time: `<stage>_few` (narrow value tiles, a
-    deep pipeline, more programs) when its programs each still get an SM of their own, else the stage's own entry."""
-    few = f"{stage}_few"
-    if few in TUNING and seq_heads * triton.cdiv(V, launch(few, BK, BV)[0]) <= sm_count(device):
-        return few
+    With few programs (long T, small batch) the chain's latency is the time: the narrowest value tiles whose programs
+    each still get an SM of their own, `<stage>_few` (BV 16) or `<stage>_some` (BV 32), else the stage's own entry."""
+    for tier in (f"{stage}_few", f"{stage}_some"):
+        if tier in TUNING and seq_heads * triton.cdiv(V, launch(tier, BK, BV)[0]) <= sm_count(device):
+            return tier
     return stage
 
 

@@ -4,7 +4,8 @@ kernels' stages, for K <= 128.
 Measured, not guessed: the fastest setting of each stage in the H200 sweep of benchmarks/profile_phase2.py at
 (8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md), the state chain's agreeing with its sweep at
 (4, 4096, 16, 128); its `_few` entries, taken when few sequence-heads run (common.chain_stage), from its sweep at
-(1, 16384, 16, 128); phase 1's chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages; phase1_chunk._parallel_launch) from their
+(1, 16384, 16, 128); its `_some` entries (BV 32, taken when the `_few` tiles make more programs than SMs but tiles
+of 32 do not) are the best BV-32 setting of that same sweep, not yet swept at a shape that takes them; phase 1's chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages; phase1_chunk._parallel_launch) from their
 sweep at (4, 4096, 16, 128); its two chains (`phase1_state`, `phase1_bwd_state`; phase1_chunk._chain_launch) from
 their sweep at (1, 16384, 16, 128); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`) from
 theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these
@@ -22,6 +23,8 @@ TUNING = {
     "state_bwd": dict(BV=64, num_warps=8, num_stages=3),
     "state_fwd_few": dict(BV=16, num_warps=4, num_stages=3),
     "state_bwd_few": dict(BV=16, num_warps=4, num_stages=3),
+    "state_fwd_some": dict(BV=32, num_warps=4, num_stages=3),
+    "state_bwd_some": dict(BV=32, num_warps=4, num_stages=3),
     "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
     "output_bwd_local": dict(BV=64, num_warps=4, num_stages=3),
     "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
