@@ -95,12 +95,13 @@ def chunked_phase1_jobs(BK):
     map_launch = dict(TUNING["phase1_group_map"])
     map_bn = map_launch.pop("BN")
     out_flags = dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"], STORE_KT=True, HAS_MIN=True,
-                     HAS_MAX=True, STORE_D=True)
+                     HAS_MAX=True, STORE_D=True, STORE_STATS=True)
     return [(chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=False, STORE_L=True))),
             (chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=True, STORE_L=False))),
             (chk.phase1_chunk_out_kernel, *tiled("out", out_flags)),
             (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", dict(solved, HAS_INV=True, FUSED=True))),
-            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True)))] + [
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=True))),
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=False)))] + [
         job for G in (0, 16) for job in (  # the chains, one chunk at a time and replaying groups of 16
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), chk._chain_launch("state", C, BK)),
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True, G=G), (),

@@ -135,8 +135,8 @@ def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch
     rr = torch.full(beta.shape, 0.99, device=DEVICE) if r else None
     eta_h = torch.full((2,), eta, device=DEVICE)
     p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
-    used, d_all, d_final, kt, outside, inv = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
-    assert (inv is not None) == (form in ("chunked", "speculative"))  # kept for the chunk form's backward
+    used, d_all, d_final, kt, outside, inv, stats = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    assert (inv is not None) == (stats is not None) == (form in ("chunked", "speculative"))  # for its backward
     assert used == form
     assert (outside is None) if acted is None else (chunk_ops.ClipFlag(outside).clip_acted() == acted)
     ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=None if rr is None else rr.double(),
@@ -156,7 +156,7 @@ def test_newton_phase1_redone_when_unconverged(rounds, monkeypatch):
     rr = (0.9 + 0.1 * torch.rand(beta.shape, generator=torch.Generator().manual_seed(5))).to(DEVICE)
     eta_h = torch.full((2,), 2.0, device=DEVICE)
     p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
-    _, d_all, d_final, kt, _, _ = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    _, d_all, d_final, kt, *_ = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
     *_, unconverged = chunk_ops.phase1_fwd_newton(k, beta, rr, None, eta_h, cu_seqlens=None, **p1,
                                                   **chunk_ops.PHASE1_NEWTON)
     assert int(unconverged) == (rounds == 1)
@@ -194,7 +194,8 @@ def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     kept = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
     skipped = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1, store_d=False)
     assert kept[0] == skipped[0] == form and kept[1] is not None and skipped[1] is None
-    assert skipped[5] is None and (kept[5] is not None) == (form in ("chunked", "speculative"))  # P, for a backward
+    assert skipped[5] is skipped[6] is None  # P and stats, kept only for a backward of the chunk form
+    assert (kept[5] is not None) == (kept[6] is not None) == (form in ("chunked", "speculative"))
     for a, b in zip(kept[2:5], skipped[2:5]):  # d_final, k̃, and the speculation's flag
         assert (a is None and b is None) or torch.equal(a, b)
     options = dict(eta=eta, r=rr, d_min=p1["d_min"], d_max=p1["d_max"], output_final_state=True)

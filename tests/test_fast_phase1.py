@@ -293,9 +293,10 @@ def test_chunked_launch_settings_match_reference(kb, monkeypatch):
 
 
 def test_chunk_backward_reuses_the_forward_inverse():
-    """chunk_osdn keeps the blockwise solver's P = (I + L)⁻¹ from the forward (chunk_inverses) and hands it to the
-    backward: results bitwise those of the calls that form it themselves; a P of the wrong shape or for another
-    solver is refused by name."""
+    """chunk_osdn keeps the blockwise solver's P = (I + L)⁻¹ from the forward (chunk_inverses), and each token's
+    s_t = ⟨d_t, a_t⟩ and ‖k_t‖² (`stats`), and hands them to the backward: results bitwise those of the calls that
+    form them themselves (the stats to float32 rounding); a P of the wrong shape or for another solver, or stats of
+    the wrong shape, are refused by name."""
     from osdn_fast.ops.phase1_chunk import chunk_inverses, phase1_bwd_chunk, phase1_fwd_chunk
 
     gen = torch.Generator().manual_seed(8)
@@ -307,14 +308,24 @@ def test_chunk_backward_reuses_the_forward_inverse():
     opts = dict(gains, chunk_size=32, solver="blockwise", precision="ieee")
     inv = chunk_inverses(k, beta, r, eta, **gains, chunk_size=32, precision="ieee")
     assert inv.shape == (B * T, H, 32) and inv.dtype == torch.float32
+    stats = torch.full((2, B, T, H), float("nan"), device=DEVICE)
     fresh, kept = phase1_fwd_chunk(k, beta, r, None, eta, **opts), phase1_fwd_chunk(k, beta, r, None, eta, **opts,
-                                                                                    inverse=inv)
+                                                                                    inverse=inv, stats=stats)
     assert all(torch.equal(a, b) for a, b in zip(fresh, kept))
+    a = k.float() ** 2
+    torch.testing.assert_close(stats[0], (fresh[0] * a).sum(-1), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(stats[1], a.sum(-1), rtol=1e-6, atol=1e-7)
     grads = (torch.randn(B, T, H, K, generator=gen).to(DEVICE), torch.randn(B, T, H, K, generator=gen).to(DEVICE),
              torch.randn(B, T, H, generator=gen).to(DEVICE))
     fresh = phase1_bwd_chunk(k, beta, r, eta, fresh[0], None, None, phase2_grads=grads, **opts)
-    kept = phase1_bwd_chunk(k, beta, r, eta, kept[0], None, None, phase2_grads=grads, **opts, inverse=inv)
-    assert all(torch.equal(a, b) for a, b in zip(fresh, kept))
+    d_kept = kept[0]
+    kept = phase1_bwd_chunk(k, beta, r, eta, d_kept, None, None, phase2_grads=grads, **opts, inverse=inv, stats=stats)
+    for a, b in zip(fresh, kept):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    off = phase1_bwd_chunk(k, beta, r, eta, d_kept, None, None, phase2_grads=grads, **opts, stats=stats + 0.5)
+    assert not torch.allclose(off[0], kept[0])  # the backward reads the stats it is given
+    with pytest.raises(ValueError, match="stats"):
+        phase1_bwd_chunk(k, beta, r, eta, d_kept, None, None, phase2_grads=grads, **opts, stats=stats[:, :, :50])
     with pytest.raises(ValueError, match="inverse"):
         phase1_fwd_chunk(k, beta, r, None, eta, **opts, inverse=inv[:, :, :16])
     with pytest.raises(ValueError, match="inverse"):

@@ -115,41 +115,43 @@ def phase1_group(k, cu_seqlens) -> int | None:
 
 
 def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
-    """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`, P). "newton" runs a fixed number of
+    """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`, P, stats). "newton" runs a fixed number of
     quasi-Newton rounds across chunks, then the sequential scan behind them, guarded to run only if they did not
     converge; its backward is the same in reverse (`phase1_bwd_newton_guarded`). The chunk form runs without the
     clip and flags (`outside`, int32 [1] on the device) any d that leaves [d_min, d_max]: the clip would have
     acted there, so the sequential scan, launched behind it, then redoes the call in place; otherwise its programs
     return at once. The host learns which happened only in the backward (`clip_acted`): no synchronisation here.
     form: "sequential", "newton", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides).
-    Without `store_d` (no backward will follow) d_all is not written and comes back None. P: the chunk form's
-    (I + L)⁻¹ (chunk_inverses), kept for its backward when one follows, else None."""
+    Without `store_d` (no backward will follow) d_all is not written and comes back None. P and stats: the chunk
+    form's (I + L)⁻¹ (chunk_inverses) and per-token s_t, ‖k_t‖² (phase1_fwd_chunk's `stats`), kept for its backward
+    when one follows, else None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
     if form == "sequential":  # r in float32 when no d_all is written: with bf16 r that scan ran 1.3x slower (v10)
         r_scan = r.float() if r is not None and not store_d else r
         return form, *phase1_fwd_seq(k, beta, r_scan, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
-                                     **p1), None, None
+                                     **p1), None, None, None
     if form == "newton":  # PHASE1_NEWTON's rounds without a host synchronisation; the guarded scan if unconverged
         d_all, d_final, kt, unconverged = phase1_fwd_newton(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,
                                                             store_d=store_d, **p1, **PHASE1_NEWTON)
         phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
                        only_if=unconverged, store_d=store_d, **p1)
-        return form, d_all, d_final, kt, None, None
+        return form, d_all, d_final, kt, None, None, None
     clipped = p1["d_min"] is not None or p1["d_max"] is not None
     gains = dict(beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens)
-    inv = None
-    if store_d:  # a backward follows: it reuses the chunks' inverses instead of forming them again
+    inv = stats = None
+    if store_d:  # a backward follows: it reuses the chunks' inverses and s_t, ‖k_t‖² instead of forming them again
         inv = chunk_inverses(k, beta, r, eta, **gains, chunk_size=PHASE1_CHUNKED["chunk_size"],
                              precision=PHASE1_CHUNKED["precision"])
+        stats = torch.empty(2, *k.shape[:3], dtype=torch.float32, device=k.device)
     d_all, d_final, kt, outside = phase1_fwd_chunk(
         k, beta, r, d0, eta, **gains, store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None,
-        store_d=store_d, inverse=inv, group=phase1_group(k, cu_seqlens), **PHASE1_CHUNKED)
+        store_d=store_d, inverse=inv, group=phase1_group(k, cu_seqlens), stats=stats, **PHASE1_CHUNKED)
     if not clipped:
-        return form, d_all, d_final, kt, None, inv
+        return form, d_all, d_final, kt, None, inv, stats
     phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
                    only_if=outside, store_d=store_d, **p1)
-    return "speculative", d_all, d_final, kt, outside, inv
+    return "speculative", d_all, d_final, kt, outside, inv, stats
 
 
 def phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1):
@@ -198,7 +200,7 @@ class ChunkOSDN(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size,
                 store_d):
         B, T = k.shape[:2]
-        ctx.p1_form, d_all, d_final, kt, outside, p1_inv = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1,
+        ctx.p1_form, d_all, d_final, kt, outside, p1_inv, p1_stats = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1,
                                                                       store_d=store_d)
         ctx.p1_flag = ClipFlag(outside) if outside is not None else None
         if cu_seqlens is None:
@@ -208,14 +210,15 @@ class ChunkOSDN(torch.autograd.Function):
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         o, S_final, Ainv = phase2_fwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, scale,
                                       output_final_state, chunk_size, layout)
-        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, Ainv, *layout)
+        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, Ainv,
+                              *layout)
         ctx.p1, ctx.scale, ctx.chunk_size = p1, scale, chunk_size
         ctx.set_materialize_grads(False)
         return o.reshape(v.shape), S_final, d_final
 
     @staticmethod
     def backward(ctx, do, dS_final, dd_final):
-        q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, Ainv, *layout = ctx.saved_tensors
+        q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, Ainv, *layout = ctx.saved_tensors
         B, T = k.shape[:2]
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
@@ -231,7 +234,7 @@ class ChunkOSDN(torch.autograd.Function):
             dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
                 k, beta, r, eta, d_all, None, dd_final, beta_aware=ctx.p1["beta_aware"],
                 normalize=ctx.p1["normalize"], cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),
-                inverse=p1_inv, group=phase1_group(k, cu_seqlens), **PHASE1_CHUNKED)
+                inverse=p1_inv, group=phase1_group(k, cu_seqlens), stats=p1_stats, **PHASE1_CHUNKED)
         else:
             dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
                 k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),

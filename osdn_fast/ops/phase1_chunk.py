@@ -240,14 +240,16 @@ def phase1_chunk_state_kernel(
 
 @triton.jit
 def phase1_chunk_out_kernel(
-    k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all, kt_out, outside,
+    k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all, kt_out, outside, s_out, asum_out,
     T, H, K, d_min, d_max,
     HAS_R: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, PREC: tl.constexpr,
     KB: tl.constexpr, STORE_KT: tl.constexpr, HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, STORE_D: tl.constexpr,
+    STORE_STATS: tl.constexpr,
 ):
     """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j, in blocks of KB channels, stored if
     STORE_D. STORE_KT also writes k̃ = d ⊙ k (k's dtype); HAS_MIN / HAS_MAX set `outside` to 1 if any d_t leaves
-    [d_min, d_max]."""
+    [d_min, d_max]; STORE_STATS writes each token's s_t = ⟨d_t, a_t⟩ and ‖k_t‖² to `s_out` and `asum_out`
+    ([B·T, H] each), which the backward's output kernel would otherwise form again from k and d_all."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -259,13 +261,19 @@ def phase1_chunk_out_kernel(
     rows = tl.arange(0, C)
     lower = rows[:, None] > rows[None, :]
     m = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * uc[None, :]
+    s = tl.zeros([C], dtype=tl.float32)
+    a_sum = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, BK, KB):
         offs = k0 + tl.arange(0, KB)
         m2 = valid[:, None] & (offs[None, :] < K)
         ptr = (t[:, None] * H + h) * K + offs[None, :]
         kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
         x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-        d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, kb * kb, input_precision=PREC)
+        ab = kb * kb
+        d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, ab, input_precision=PREC)
+        if STORE_STATS:
+            s += tl.sum(d * ab, axis=1)
+            a_sum += tl.sum(ab, axis=1)
         if STORE_D:
             tl.store(d_all + ptr, d, mask=m2)
         if STORE_KT:
@@ -274,6 +282,9 @@ def phase1_chunk_out_kernel(
             tl.atomic_max(outside, tl.max(tl.max(tl.where(m2 & (d < d_min), 1, 0), axis=1), axis=0))
         if HAS_MAX:
             tl.atomic_max(outside, tl.max(tl.max(tl.where(m2 & (d > d_max), 1, 0), axis=1), axis=0))
+    if STORE_STATS:
+        tl.store(s_out + t * H + h, s, mask=valid)
+        tl.store(asum_out + t * H + h, a_sum, mask=valid)
 
 
 @triton.jit
@@ -495,16 +506,16 @@ def phase1_chunk_group_walk_kernel(
 
 @triton.jit
 def phase1_chunk_bwd_out_kernel(
-    k, beta, r, eta, d_all, gd_all, chunk_seq, chunk_start, cu_seqlens, p, lam_end,
+    k, beta, r, eta, d_all, gd_all, chunk_seq, chunk_start, cu_seqlens, p, lam_end, s_in, asum_in,
     dk, dbeta, dr, deta, dk_in, dbeta_in,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr, FUSED: tl.constexpr,
+    KB: tl.constexpr, FUSED: tl.constexpr, HAS_STATS: tl.constexpr,
 ):
     """Per chunk: λ_{t+1} = e^{Γ − γ̄_i} λ_end + Σ_{j>i} e^{γ_j − γ̄_i} (g_j − c_j p_j a_j), then the local
-    gradients of token t (module docstring of phase1). Two passes over blocks of KB channels: s_t and ‖k_t‖²,
-    then λ_{t+1} and ∂k_t. FUSED (`gd_all` = phase 2's ∂k̃, as in the prep kernel): ∂k_t also gains ∂k̃_t ⊙ d_t and
+    gradients of token t (module docstring of phase1). Two passes over blocks of KB channels: s_t and ‖k_t‖²
+    (HAS_STATS: read from the forward's, `s_in` and `asum_in`), then λ_{t+1} and ∂k_t. FUSED (`gd_all` = phase 2's ∂k̃, as in the prep kernel): ∂k_t also gains ∂k̃_t ⊙ d_t and
     phase 2's ∂k_t (`dk_in`), ∂β_t phase 2's (`dbeta_in`), and both are written once in the outputs' dtypes."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
@@ -512,16 +523,20 @@ def phase1_chunk_bwd_out_kernel(
     _, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
-    s = tl.zeros([C], dtype=tl.float32)
-    a_sum = tl.zeros([C], dtype=tl.float32)
-    for k0 in range(0, BK, KB):
-        offs = k0 + tl.arange(0, KB)
-        m2 = valid[:, None] & (offs[None, :] < K)
-        ptr = (t[:, None] * H + h) * K + offs[None, :]
-        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
-        ab = kb * kb
-        s += tl.sum(tl.load(d_all + ptr, mask=m2, other=0.0) * ab, axis=1)
-        a_sum += tl.sum(ab, axis=1)
+    if HAS_STATS:
+        s = tl.load(s_in + t * H + h, mask=valid, other=0.0)
+        a_sum = tl.load(asum_in + t * H + h, mask=valid, other=0.0)
+    else:
+        s = tl.zeros([C], dtype=tl.float32)
+        a_sum = tl.zeros([C], dtype=tl.float32)
+        for k0 in range(0, BK, KB):
+            offs = k0 + tl.arange(0, KB)
+            m2 = valid[:, None] & (offs[None, :] < K)
+            ptr = (t[:, None] * H + h) * K + offs[None, :]
+            kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+            ab = kb * kb
+            s += tl.sum(tl.load(d_all + ptr, mask=m2, other=0.0) * ab, axis=1)
+            a_sum += tl.sum(ab, axis=1)
     nu, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
     w = e * (1.0 - b * s)
     pc = tl.load(p + t * H + h, mask=valid, other=0.0)
@@ -668,6 +683,14 @@ def _k_block(C: int, BK: int) -> int:
     return min(BK, 32 if C <= 32 else 16)
 
 
+def _check_stats(stats, k) -> None:
+    if stats is not None and (stats.shape != (2, *k.shape[:3]) or stats.dtype != torch.float32
+                              or not stats.is_contiguous()):
+        raise ValueError(f"stats: expected a contiguous float32 [2, B, T, H] = [2, {', '.join(map(str, k.shape[:3]))}] "
+                         f"tensor, "
+                         f"got {stats.dtype} {list(stats.shape)}")
+
+
 def _check_group(group) -> None:
     if group is not None and (not isinstance(group, int) or group < 2 or group & (group - 1)):
         raise ValueError(f"group must be None or a power of two >= 2, got {group!r}")
@@ -741,16 +764,19 @@ def chunk_inverses(k, beta, r, eta, *, beta_aware, normalize, cu_seqlens, chunk_
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
                      chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
                      store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True, inverse=None,
-                     group: int | None = None):
+                     group: int | None = None, stats: torch.Tensor | None = None):
     """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K]
     float32), and with
     `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
     d_t or final d of the unclipped scan leaves bounds = (d_min, d_max), or None). When `outside` is 0 the clip
     never acts, so the unclipped result is the clipped scan's exactly. `inverse`: chunk_inverses' P (blockwise).
-    `group`: the chain walks groups of that many chunks (chain_group; _group_entries), else one chunk at a time."""
+    `group`: the chain walks groups of that many chunks (chain_group; _group_entries), else one chunk at a time.
+    `stats`: a float32 [2, B, T, H] tensor that receives each token's s_t = ⟨d_t, a_t⟩ and ‖k_t‖² for the backward
+    (phase1_bwd_chunk's `stats`)."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
     _check_group(group)
+    _check_stats(stats, k)
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, block_k(K)
@@ -782,9 +808,10 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     outside = torch.zeros(1, dtype=torch.int32, device=k.device) if bounds is not None else None
     phase1_chunk_out_kernel[(NC, H)](
         k, r_, seq, start, cu, u, x0, d_all if store_d else u, kt if store_kt else u,
-        outside if bounds is not None else u, T, H, K, 0.0 if lo is None else float(lo),
-        0.0 if hi is None else float(hi), **flags, PREC=precision, STORE_KT=store_kt,
-        HAS_MIN=lo is not None, HAS_MAX=hi is not None, STORE_D=store_d,
+        outside if bounds is not None else u, *(stats if stats is not None else (u, u)), T, H, K,
+        0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi), **flags, PREC=precision,
+        STORE_KT=store_kt, HAS_MIN=lo is not None, HAS_MAX=hi is not None, STORE_D=store_d,
+        STORE_STATS=stats is not None,
         **_parallel_launch("out", C, BK),
     )
     if not store_kt and bounds is None:
@@ -798,15 +825,17 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
 
 def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
                      cu_seqlens, chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
-                     phase2_grads=None, inverse=None, group: int | None = None):
+                     phase2_grads=None, inverse=None, group: int | None = None, stats: torch.Tensor | None = None):
     """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r). With
     `phase2_grads` = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's sizes; `gd_all` must be None), the fused form
     of phase1.phase1_bwd_seq: the direct gradient of d is ∂k̃ ⊙ k, and ∂k, ∂β are the totals in k's and β's dtypes.
     `inverse`: the forward's P (chunk_inverses; blockwise solver), else formed again here. `group`: as in the
-    forward, the reverse chain over groups of chunks."""
+    forward, the reverse chain over groups of chunks. `stats`: the forward's per-token s_t and ‖k_t‖² (its
+    `stats`), else formed again from k and d_all."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
     _check_group(group)
+    _check_stats(stats, k)
     B, T, H, K = k.shape
     N = B if cu_seqlens is None else cu_seqlens.numel() - 1
     C, BK = chunk_size, block_k(K)
@@ -849,8 +878,8 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         **_chain_launch("bwd_state", C, BK),
     )
     phase1_chunk_bwd_out_kernel[(NC, H)](
-        k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, dk, dbeta, dr if dr is not None else dbeta,
-        deta, dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS, **gains, **flags, **solve,
-        FUSED=fused, **_parallel_launch("bwd_out", C, BK),
+        k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, *(stats if stats is not None else (p, p)), dk,
+        dbeta, dr if dr is not None else dbeta, deta, dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS,
+        **gains, **flags, **solve, FUSED=fused, HAS_STATS=stats is not None, **_parallel_launch("bwd_out", C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)
