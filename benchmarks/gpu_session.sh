@@ -13,6 +13,9 @@
 #   STEPS="validate phase1 profile_op" PHASE1_ARGS="--chunk-sizes 64 --solvers blockwise --precisions tf32 --groups 0,8,16" ...
 #       (phase 1's chains walked in groups, version 11: validated, timed alone per group size, then the whole op)
 #   STEPS=pytest PYTEST_TESTS=tests/test_fast_chunk.py PYTEST_K="newton or speculates" bash benchmarks/gpu_session.sh
+#   STEPS=validate VALIDATE_S=580 bash benchmarks/gpu_session.sh   # a validation to commit, in a call of its own: on a
+#       cold machine the 875 rows took ~470 s and a 475-s limit cut the timings after them (2026-11-30);
+#       VALIDATE_ARGS=--no-timing checks the rows only (a file without timings does not pass the data tests)
 #   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
 #   STEPS=profile SWEEP_S=60 PROFILE_ARGS="--shape 1x16384x16x128 --stages state_fwd,state_bwd" bash benchmarks/gpu_session.sh
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
@@ -32,7 +35,7 @@ step() {
 }
 steps=" ${STEPS:-validate phase1} "  # the validation alone takes ~6 min since version 7 (696 rows, each also without grad)
 has() { [[ $steps == *" $1 "* ]]; }
-has validate && step validate "${VALIDATE_S:-420}" python3 benchmarks/validate_gpu.py --out "$OUT"
+has validate && step validate "${VALIDATE_S:-420}" python3 benchmarks/validate_gpu.py --out "$OUT" ${VALIDATE_ARGS:-}
 has pytest && step pytest "${PYTEST_S:-150}" python3 -m pytest -q -x -p no:cacheprovider ${PYTEST_TESTS:-\
     tests/test_fast_phase1_newton.py tests/test_fast_phase1.py tests/test_fast_chunk.py} \
     -k "${PYTEST_K:-newton or guarded or fused or chunked or speculates or solver}"
