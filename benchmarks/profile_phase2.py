@@ -122,16 +122,19 @@ def phase1_calls(x, H):
     k, beta = x["k"].detach(), x["beta"].detach()
     eta = torch.full((H,), OPTIONS["eta"], dtype=torch.float32, device=k.device)
     flags = dict(beta_aware=True, normalize=True, cu_seqlens=None, **PHASE1_CHUNKED)
-    fwd = lambda: phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, **flags)  # noqa: E731
+    stats = torch.empty(2, *k.shape[:3], dtype=torch.float32, device=k.device)  # kept for the backward
+    fwd = lambda: phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, stats=stats, **flags)  # noqa: E731
     d_all = fwd()[0]
     grads = (torch.randn_like(k, dtype=torch.float32), torch.randn_like(k, dtype=torch.float32),
              torch.randn_like(beta, dtype=torch.float32))
-    bwd = lambda: phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, **flags)  # noqa: E731
+    bwd = lambda: phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads,  # noqa: E731
+                                   stats=stats, **flags)
     group = chain_group(k.shape[1] / PHASE1_CHUNKED["chunk_size"])  # the grouped chains: forward and backward
 
     def grouped():
-        phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, group=group, **flags)
-        phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, group=group, **flags)
+        phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, group=group, stats=stats, **flags)
+        phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, group=group, stats=stats,
+                         **flags)
 
     return {"phase1_bwd_out": bwd, "phase1_bwd_state": bwd, "phase1_state": fwd, "phase1_bwd_prep": bwd,
             "phase1_out": fwd, "phase1_prep": fwd,  # slowest first (version 8's profile)
