@@ -121,12 +121,16 @@ INPUT_DTYPE = {"q", "k", "kt", "kt_out", "v", "beta", "do", "o", "g", "x", "w", 
 
 
 def signature(kernel, constexprs, none_args, dtype):
-    """Argument types: INPUT_DTYPE pointers in `dtype`, indices int32, the rest float32 pointers."""
-    types, consts = {}, {}
-    for name in kernel.arg_names:
+    """Argument types: INPUT_DTYPE pointers in `dtype`, indices int32, the rest float32 pointers; and the attributes
+    that Triton's launcher gives them at the shapes compiled here: every pointer 16-byte aligned and T, H, K multiples
+    of 16 (`tt.divisibility` 16). Without them the compiler cannot prove a row aligned and emits scalar loads where
+    the GPU's binary has vector loads (benchmarks/NOTES.md, version 13)."""
+    types, consts, attrs = {}, {}, {}
+    for i, name in enumerate(kernel.arg_names):
         if name in constexprs or name in none_args:
             types[name], consts[name] = "constexpr", constexprs.get(name)
-        elif name in ("H", "T", "K"):
+            continue
+        if name in ("H", "T", "K"):
             types[name] = "i32"
         elif name in ("scale", "eps", "d_min", "d_max", "tol"):
             types[name] = "fp32"
@@ -135,7 +139,9 @@ def signature(kernel, constexprs, none_args, dtype):
             types[name] = "*i32"
         else:
             types[name] = f"*{dtype}" if name in INPUT_DTYPE else "*fp32"
-    return types, consts
+        if types[name] != "fp32":
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return types, consts, attrs
 
 
 def usage(compiled):
@@ -173,12 +179,12 @@ def main(argv=None):
     for D in args.dims:
         for dtype in args.dtypes:
             for kernel, constexprs, none_args, options in jobs(D, D):
-                types, consts = signature(kernel, constexprs, none_args, dtype)
+                types, consts, attrs = signature(kernel, constexprs, none_args, dtype)
                 t = time.perf_counter()
                 label = (f"K=V={D:<4d} {dtype:4s} {kernel.__name__:24s} HAS_G={constexprs.get('HAS_G', '-')!s:5s}"
                          f" BV={constexprs.get('BV', '-')!s:3s} {options}")
                 try:
-                    compiled = triton.compile(triton.compiler.ASTSource(kernel, types, consts), target=target,
+                    compiled = triton.compile(triton.compiler.ASTSource(kernel, types, consts, attrs), target=target,
                                               options=options)
                 except Exception as e:  # noqa: BLE001 (report every failing kernel, then fail)
                     failures += 1

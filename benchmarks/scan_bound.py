@@ -14,6 +14,9 @@ GPU (do_bench medians, beside phase1_fwd_seq as chunk_osdn launches it):
     python benchmarks/scan_bound.py --out $OUT/scan_bound.json
 CPU check (Triton interpreter, tiny shape; `full` must equal phase1_fwd_seq):
     python benchmarks/scan_bound.py --smoke --out /tmp/scan_bound.json
+Instructions per loop iteration (four tokens) of each variant and of phase1_fwd_seq_kernel, compiled for sm_90 with and
+without the launcher's divisibility marks (no GPU; the Triton of the GPU image, with its cuobjdump):
+    python benchmarks/scan_bound.py --sass --out /tmp/scan_bound_sass.json
 """
 from __future__ import annotations
 
@@ -21,13 +24,14 @@ import argparse
 import datetime
 import json
 import os
+import re
 import statistics
 import sys
 import time
 
 import torch
 
-if "--smoke" in sys.argv or not torch.cuda.is_available():
+if "--smoke" in sys.argv or not (torch.cuda.is_available() or "--sass" in sys.argv):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton  # noqa: E402
@@ -127,12 +131,74 @@ def median_ms(fn, cuda):
     return statistics.median(times)
 
 
+def loop_counts(sass: str) -> dict:
+    """The innermost loop of a SASS listing (the span of its backward branch): instructions, loads, stores, PRMTs."""
+    ins = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass)]
+    loops = [(int(m.group(1), 16), addr) for addr, text in ins
+             if (m := re.search(r"BRA\s+0x([0-9a-f]+)", text)) and int(m.group(1), 16) < addr]
+    lo, hi = min(loops, key=lambda span: span[1] - span[0])
+    body = [text for addr, text in ins if lo <= addr <= hi]
+    return dict(instructions=len(body), LDG=sum("LDG" in t for t in body), STG=sum("STG" in t for t in body),
+                PRMT=sum("PRMT" in t for t in body))
+
+
+def sass_rows(K: int = 128, arch: int = 90) -> list[dict]:
+    """Each variant and phase1_fwd_seq_kernel (β-aware, no clip, d and k̃ stored) compiled for sm_`arch`, bf16 keys,
+    with pointers and T, H, K marked divisible by 16 as Triton's launcher marks them at such shapes, and without."""
+    import subprocess
+    import tempfile
+
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from osdn_fast.ops.phase1 import phase1_fwd_seq_kernel
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    pointers = dict(k="*bf16", beta="*bf16", kt_out="*bf16")
+    kernels = {v: (scan_probe_kernel, dict(BK=K, LOAD=L, STORE=S, REDUCE=R)) for v, (L, S, R) in VARIANTS.items()}
+    kernels["phase1_fwd_seq"] = (phase1_fwd_seq_kernel, dict(
+        HAS_R=False, HAS_D0=False, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=False, HAS_MAX=False, IS_VARLEN=False,
+        BK=K, STORE_KT=True, HAS_GUARD=False, STORE_D=True, r=None, d0=None, cu_seqlens=None, guard=None))
+    rows = []
+    for marked in (True, False):
+        for name, (kernel, consts) in kernels.items():
+            types, attrs = {}, {}
+            for i, arg in enumerate(kernel.arg_names):
+                if arg in consts:
+                    types[arg] = "constexpr"
+                    continue
+                types[arg] = "i32" if arg in ("T", "H", "K") else "fp32" if arg in ("eps", "d_min", "d_max") else \
+                    pointers.get(arg, "*fp32")
+                if marked and types[arg] != "fp32":
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+            compiled = triton.compile(ASTSource(kernel, types, consts, attrs), target=GPUTarget("cuda", arch, 32),
+                                      options=dict(num_warps=1))
+            with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+                f.write(compiled.asm["cubin"])
+                f.flush()
+                sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+            row = dict(K=K, arch=f"sm_{arch}", divisibility_marks=marked, variant=name, **loop_counts(sass))
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    return rows
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--smoke", action="store_true", help="tiny shape on the CPU interpreter")
     parser.add_argument("--shapes", default="8x2048x16x128,2x4096x32x64", help="comma-separated BxTxHxK")
+    parser.add_argument("--sass", action="store_true", help="no timings: each loop's instructions, compiled for sm_90")
     args = parser.parse_args(argv)
+    if args.sass:
+        rows = sass_rows()
+        with open(args.out, "w") as f:
+            json.dump(dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                           triton=triton.__version__, command=" ".join(["python3", "benchmarks/scan_bound.py",
+                                                                        *(argv if argv is not None else sys.argv[1:])]),
+                           rows=rows), f, indent=1)
+        print(f"wrote {args.out}")
+        return 0
     cuda = torch.cuda.is_available() and not args.smoke
     device = "cuda" if cuda else "cpu"
     shapes = [(2, 13, 2, 16)] if args.smoke else [tuple(int(n) for n in s.split("x")) for s in args.shapes.split(",")]

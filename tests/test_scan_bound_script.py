@@ -19,3 +19,21 @@ def test_probe_rebuilds_the_scan_and_times_every_variant(tmp_path):
     assert [r["variant"] for r in rows] == ["phase1_fwd_seq", "full", "no-store", "no-load", "no-reduce", "update"]
     assert rows[1]["equals_phase1_fwd_seq"] is True
     assert all(r["ms"] > 0 and r["us_per_token"] > 0 for r in rows)
+
+
+def test_sass_counts_the_scan_loop_with_and_without_the_launchers_marks(tmp_path):
+    """--sass compiles the variants and phase1_fwd_seq_kernel for sm_90 (no GPU needed): the probe's `full` loop is
+    production's instruction for instruction, each switch removes what it names, and with the divisibility marks that
+    the launcher gives at K = 128 the key is read with fewer (vector) loads."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tmp_path / "sass.json"
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "scan_bound.py"), "--sass", "--out", str(out)],
+                         cwd=ROOT, env=dict(env, CUDA_VISIBLE_DEVICES=""), capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    rows = {(r["divisibility_marks"], r["variant"]): r for r in json.loads(out.read_text())["rows"]}
+    for marked in (True, False):
+        full, prod = rows[marked, "full"], rows[marked, "phase1_fwd_seq"]
+        assert {k: full[k] for k in ("instructions", "LDG", "STG")} == {k: prod[k] for k in ("instructions", "LDG", "STG")}
+        assert rows[marked, "no-load"]["LDG"] == 0 < full["LDG"] and rows[marked, "no-store"]["STG"] == 0 < full["STG"]
+        assert rows[marked, "update"]["instructions"] < rows[marked, "no-load"]["instructions"] < full["instructions"]
+    assert rows[True, "full"]["LDG"] < rows[False, "full"]["LDG"]
