@@ -188,7 +188,9 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
 
     def usage(fn, constexprs, num_warps, num_stages=3):
         signature = {n: "constexpr" if n in constexprs else types.get(n, "*fp32") for n in fn.arg_names}
-        kernel = triton.compile(ASTSource(fn, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+        marks = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)  # as the launcher's (compile_check)
+                 if signature[n] not in ("constexpr", "fp32")}
+        kernel = triton.compile(ASTSource(fn, signature, constexprs, marks), target=GPUTarget("cuda", 90, 32),
                                 options=dict(num_warps=num_warps, num_stages=num_stages))
         path = f"/tmp/{fn.__name__}.cubin"
         with open(path, "wb") as f:
@@ -201,10 +203,10 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
     BK = block_k(K)
     flags = dict(HAS_R=True, BETA_AWARE=True, NORMALIZE=True, IS_VARLEN=False, BK=BK)
     rows = [usage(seq.phase1_fwd_seq_kernel, dict(flags, HAS_D0=True, HAS_MIN=True, HAS_MAX=True, STORE_KT=True,
-                                                  HAS_GUARD=True),
+                                                  HAS_GUARD=True, WIDE_INDEX=False),
                   seq._seq_warps(BK)),
             usage(seq.phase1_bwd_seq_kernel, dict(flags, HAS_MIN=True, HAS_MAX=True, HAS_GD_ALL=False,
-                                                  HAS_GD_FINAL=True, FUSED=True), seq._seq_warps(BK))]
+                                                  HAS_GD_FINAL=True, FUSED=True, WIDE_INDEX=False), seq._seq_warps(BK))]
     for C in chunk_sizes:
         def tiled(fn, stage, constexprs):
             launch = chk._parallel_launch(stage, C, BK)

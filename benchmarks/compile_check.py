@@ -54,13 +54,12 @@ def jobs(K, V, chunk_size=64):
             out.append((kernel, constexprs, none, options))
     BK1 = block_k(K)
     p1_options = dict(num_warps=phase1._seq_warps(BK1))
-    for full in (True, False):  # every option on (clip, APF, β-aware, packed), then the plainest form
+    for full in (True, False):  # every option on (clip, APF, β-aware, packed, 64-bit indices), then the plainest form
         flags = dict(HAS_R=full, BETA_AWARE=full, NORMALIZE=True, HAS_MIN=full, HAS_MAX=full, IS_VARLEN=full, BK=BK1)
         out.append((phase1.phase1_fwd_seq_kernel, dict(flags, HAS_D0=full, STORE_KT=True, HAS_GUARD=full,
-                                                        STORE_D=full), (),
-                    p1_options))
+                                                        STORE_D=full, WIDE_INDEX=full), (), p1_options))
         out.append((phase1.phase1_bwd_seq_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full, FUSED=full,
-                                                        HAS_GUARD=full), (), p1_options))
+                                                        HAS_GUARD=full, WIDE_INDEX=full), (), p1_options))
         out.append((phase1_parallel.phase1_fwd_parallel_kernel, dict(flags, HAS_D0=full, STORE_KT=True,
                                                                      BT=chunk_size), (), dict(num_warps=4)))
         out.append((phase1_parallel.phase1_bwd_parallel_kernel, dict(flags, HAS_GD_ALL=not full, HAS_GD_FINAL=full,

@@ -76,6 +76,7 @@ def scan_probe_kernel(k, beta, eta, d_all, d_final, kt_out, T, H, K, eps, BK: tl
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = seq_bounds(k, n, T, False)
+    bos, eos = bos.to(tl.int32), eos.to(tl.int32)  # as phase1_fwd_seq_kernel where offsets fit int32 (WIDE_INDEX off)
     offs = tl.arange(0, BK)
     d = tl.where(offs < K, 1.0, 0.0)
     eta_h = tl.load(eta + h).to(tl.float32)
@@ -158,7 +159,8 @@ def sass_rows(K: int = 128, arch: int = 90) -> list[dict]:
     kernels = {v: (scan_probe_kernel, dict(BK=K, LOAD=L, STORE=S, REDUCE=R)) for v, (L, S, R) in VARIANTS.items()}
     kernels["phase1_fwd_seq"] = (phase1_fwd_seq_kernel, dict(
         HAS_R=False, HAS_D0=False, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=False, HAS_MAX=False, IS_VARLEN=False,
-        BK=K, STORE_KT=True, HAS_GUARD=False, STORE_D=True, r=None, d0=None, cu_seqlens=None, guard=None))
+        BK=K, STORE_KT=True, HAS_GUARD=False, STORE_D=True, WIDE_INDEX=False, r=None, d0=None, cu_seqlens=None,
+        guard=None))
     rows = []
     for marked in (True, False):
         for name, (kernel, consts) in kernels.items():

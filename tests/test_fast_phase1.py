@@ -419,3 +419,26 @@ def test_fused_chunk_backward_sums_phase2_gradients(beta_aware):
     torch.testing.assert_close(fused[1], plain[1] + db2, rtol=1e-5, atol=1e-6)
     for a, b in zip(fused[2:], plain[2:]):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_wide_index_only_past_int32_and_bitwise_the_same(monkeypatch):
+    """The sequential scans keep token indices in int32 unless an offset into k may pass int32
+    (phase1_launch.wide_index); both index widths give the same bits, forward and backward."""
+    from osdn_fast.ops import phase1 as seq
+    from osdn_fast.ops.phase1_launch import wide_index
+
+    assert not wide_index(torch.empty(8, 2048, 16, 128, device="meta"))
+    assert wide_index(torch.empty(2**16, 2**10, 16, 2, device="meta"))  # 2^31 elements
+    gen = torch.Generator().manual_seed(3)
+    k = torch.nn.functional.normalize(torch.randn(2, 37, 2, 16, generator=gen), dim=-1)
+    beta = torch.rand(2, 37, 2, generator=gen)
+    eta = torch.full((2,), 0.5)
+    g_all = torch.randn(2, 37, 2, 16, generator=gen)
+    opts = dict(d_min=None, d_max=None, beta_aware=True, normalize=True, cu_seqlens=None)
+    results = []
+    for wide in (False, True):
+        monkeypatch.setattr(seq, "wide_index", lambda k, wide=wide: wide)
+        d_all, d_final, _ = seq.phase1_fwd_seq(k, beta, None, None, eta, **opts)
+        grads = seq.phase1_bwd_seq(k, beta, None, eta, d_all, g_all, None, **opts)
+        results.append([d_all, d_final, *[g for g in grads if g is not None]])
+    assert all(torch.equal(a, b) for a, b in zip(*results))

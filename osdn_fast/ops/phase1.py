@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .phase1_launch import block_k, launch_bwd, launch_fwd, seq_bounds
+from .phase1_launch import block_k, launch_bwd, launch_fwd, seq_bounds, wide_index
 from .phase1_parallel import phase1_bwd_parallel, phase1_fwd_parallel
 
 
@@ -109,20 +109,23 @@ def phase1_fwd_seq_kernel(
     T, H, K, eps, d_min, d_max, guard,
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
-    STORE_KT: tl.constexpr, HAS_GUARD: tl.constexpr, STORE_D: tl.constexpr,
+    STORE_KT: tl.constexpr, HAS_GUARD: tl.constexpr, STORE_D: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
     """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token, four tokens
     per loop iteration. Each token's inputs live in their own slot (1-4), reloaded with token t + 4 right after
     token t's step: a load has four steps to arrive, and no register is copied from slot to slot (a copy of a
     pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype); without
     STORE_D, d_t itself is not stored (a forward that no backward follows).
-    HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero."""
+    HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero. WIDE_INDEX: token indices in
+    int64, for offsets beyond int32."""
     if HAS_GUARD:
         if tl.load(guard) == 0:
             return
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    if not WIDE_INDEX:  # every offset fits in int32 (phase1_launch.wide_index): 32-bit token indices
+        bos, eos = bos.to(tl.int32), eos.to(tl.int32)
     offs = tl.arange(0, BK)
     mask = offs < K
     if HAS_D0:
@@ -233,16 +236,20 @@ def phase1_bwd_seq_kernel(
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, HAS_GD_FINAL: tl.constexpr,
     IS_VARLEN: tl.constexpr, BK: tl.constexpr, FUSED: tl.constexpr, HAS_GUARD: tl.constexpr,
+    WIDE_INDEX: tl.constexpr,
 ):
     """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
     Four tokens per loop iteration in four load slots, as in the forward (token t − 4 is loaded right after
-    token t's step). HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero."""
+    token t's step). HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero. WIDE_INDEX: as
+    in the forward."""
     if HAS_GUARD:
         if tl.load(guard) == 0:
             return
     n = tl.program_id(0)
     h = tl.program_id(1)
     bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
+    if not WIDE_INDEX:  # every offset fits in int32 (phase1_launch.wide_index): 32-bit token indices
+        bos, eos = bos.to(tl.int32), eos.to(tl.int32)
     offs = tl.arange(0, BK)
     mask = offs < K
     if HAS_GD_FINAL:
@@ -291,7 +298,7 @@ def phase1_fwd_seq(k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normalize, 
     return launch_fwd(phase1_fwd_seq_kernel, k, beta, r, d0, eta, d_min=d_min, d_max=d_max, beta_aware=beta_aware,
                       normalize=normalize, cu_seqlens=cu_seqlens, store_kt=store_kt, out=out, store_d=store_d,
                       guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None, STORE_D=store_d,
-                      num_warps=_seq_warps(block_k(k.shape[3])))
+                      WIDE_INDEX=wide_index(k), num_warps=_seq_warps(block_k(k.shape[3])))
 
 
 def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
@@ -301,7 +308,7 @@ def phase1_bwd_seq(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, be
     return launch_bwd(phase1_bwd_seq_kernel, k, beta, r, eta, d_all, gd_all, gd_final, d_min=d_min, d_max=d_max,
                       beta_aware=beta_aware, normalize=normalize, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
                       out=out, guard=eta if only_if is None else only_if, HAS_GUARD=only_if is not None,
-                      num_warps=_seq_warps(block_k(k.shape[3])))
+                      WIDE_INDEX=wide_index(k), num_warps=_seq_warps(block_k(k.shape[3])))
 
 
 def _grad_like(grad, x):

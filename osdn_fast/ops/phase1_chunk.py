@@ -39,6 +39,16 @@ SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)�
 
 
 @triton.jit
+def _key_block(k, t, valid, h, H, K, k0, KB: tl.constexpr):
+    """Key channels k0 … k0 + KB of a chunk's tokens t (rows where `valid`): their offsets, the [C, KB] mask and
+    element offsets, and the keys in float32."""
+    offs = k0 + tl.arange(0, KB)
+    m2 = valid[:, None] & (offs[None, :] < K)
+    ptr = (t[:, None] * H + h) * K + offs[None, :]
+    return offs, m2, ptr, tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _log_retention(r):
     """log r_t, floored at −80 (r below e⁻⁸⁰ ≈ 2e−35 acts as 0) so that r = 0 gives no −∞ − (−∞) in decay ratios."""
     return tl.maximum(tl.log(r.to(tl.float32)), -80.0)
@@ -167,9 +177,7 @@ def phase1_chunk_prep_kernel(
     gram = tl.zeros([C, C], dtype=tl.float32)
     a_sum = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, BK, KB):  # A Aᵀ over blocks of KB channels: small dot operands, no register spills
-        offs = k0 + tl.arange(0, KB)
-        kb = tl.load(k + (t[:, None] * H + h) * K + offs[None, :], mask=valid[:, None] & (offs[None, :] < K),
-                     other=0.0).to(tl.float32)
+        offs, _, _, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         ab = kb * kb
         if not HAS_INV:
             gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
@@ -264,10 +272,7 @@ def phase1_chunk_out_kernel(
     s = tl.zeros([C], dtype=tl.float32)
     a_sum = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, BK, KB):
-        offs = k0 + tl.arange(0, KB)
-        m2 = valid[:, None] & (offs[None, :] < K)
-        ptr = (t[:, None] * H + h) * K + offs[None, :]
-        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+        offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
         ab = kb * kb
         d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, ab, input_precision=PREC)
@@ -310,10 +315,7 @@ def phase1_chunk_bwd_prep_kernel(
     a_gd = tl.zeros([C, C], dtype=tl.float32)
     a_sum = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, BK, KB):  # A Aᵀ, A Gᵀ and hᵍ over blocks of KB channels
-        offs = k0 + tl.arange(0, KB)
-        m2 = valid[:, None] & (offs[None, :] < K)
-        ptr = (t[:, None] * H + h) * K + offs[None, :]
-        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+        offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
         if FUSED:
             gb = gb * kb
@@ -530,10 +532,7 @@ def phase1_chunk_bwd_out_kernel(
         s = tl.zeros([C], dtype=tl.float32)
         a_sum = tl.zeros([C], dtype=tl.float32)
         for k0 in range(0, BK, KB):
-            offs = k0 + tl.arange(0, KB)
-            m2 = valid[:, None] & (offs[None, :] < K)
-            ptr = (t[:, None] * H + h) * K + offs[None, :]
-            kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+            offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
             ab = kb * kb
             s += tl.sum(tl.load(d_all + ptr, mask=m2, other=0.0) * ab, axis=1)
             a_sum += tl.sum(ab, axis=1)
@@ -546,10 +545,7 @@ def phase1_chunk_bwd_out_kernel(
     g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
     dr_acc = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, BK, KB):
-        offs = k0 + tl.arange(0, KB)
-        m2 = valid[:, None] & (offs[None, :] < K)
-        ptr = (t[:, None] * H + h) * K + offs[None, :]
-        kb = tl.load(k + ptr, mask=m2, other=0.0).to(tl.float32)
+        offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         ab = kb * kb
         gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
         d = tl.load(d_all + ptr, mask=m2, other=0.0)

@@ -22,6 +22,12 @@ def seq_bounds(cu_seqlens, n, T, IS_VARLEN: tl.constexpr):
     return bos, eos
 
 
+def wide_index(k) -> bool:
+    """Whether an offset into k [B, T, H, K] may exceed int32: the sequential scans then keep token indices in int64
+    (their WIDE_INDEX); otherwise 32-bit indices take 7% of the instructions out of each token's dependent chain."""
+    return k.numel() > 2**31 - 1
+
+
 def block_k(K: int) -> int:
     return max(16, triton.next_power_of_2(K))
 
