@@ -177,7 +177,7 @@ def phase1_chunk_prep_kernel(
     gram = tl.zeros([C, C], dtype=tl.float32)
     a_sum = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, BK, KB):  # A Aᵀ over blocks of KB channels: small dot operands, no register spills
-        offs, _, _, kb = _key_block(k, t, valid, h, H, K, k0, KB)
+        offs, _mask, _ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         ab = kb * kb
         if not HAS_INV:
             gram += tl.dot(ab, tl.trans(ab), input_precision=PREC)
