@@ -10,12 +10,13 @@ from the same helpers and switches off one part at a time:
     no-reduce  the two reductions replaced by their per-lane terms (no shuffles); the update still reads d
     update     none of the three: the dependent multiply-adds alone
 
-GPU (do_bench medians, beside phase1_fwd_seq as chunk_osdn launches it):
+GPU (do_bench medians, beside phase1_fwd_seq as chunk_osdn launches it, four tokens per reduction since version 14, and
+its token-by-token form, which `full` rebuilds to the bit):
     python benchmarks/scan_bound.py --out $OUT/scan_bound.json
-CPU check (Triton interpreter, tiny shape; `full` must equal phase1_fwd_seq):
+CPU check (Triton interpreter, tiny shape; `full` must equal the token form):
     python benchmarks/scan_bound.py --smoke --out /tmp/scan_bound.json
-Instructions per loop iteration (four tokens) of each variant and of phase1_fwd_seq_kernel, compiled for sm_90 with and
-without the launcher's divisibility marks (no GPU; the Triton of the GPU image, with its cuobjdump):
+Instructions per loop iteration (four tokens) of each variant and of the sequential kernels (both forms, forward and
+backward), compiled for sm_90 with and without the launcher's divisibility marks (no GPU; the Triton of the GPU image, with its cuobjdump):
     python benchmarks/scan_bound.py --sass --out /tmp/scan_bound_sass.json
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import re
 import statistics
@@ -116,8 +118,16 @@ def probe(k, beta, eta, variant):
 
 
 def production(k, beta, eta):
-    """phase1_fwd_seq as chunk_osdn launches it below T = 4096 without the clip: (d_all, d_final, k̃)."""
+    """phase1_fwd_seq as chunk_osdn launches it below T = 4096 without the clip (four tokens per reduction since
+    version 14): (d_all, d_final, k̃)."""
     return phase1_fwd_seq(k, beta, None, None, eta, d_min=None, d_max=None, beta_aware=True, normalize=True,
+                          cu_seqlens=None, store_kt=True)
+
+
+def token_form(k, beta, eta):
+    """phase1_fwd_seq's token-by-token form, which runs where a clip is given: here a floor of −∞, which never acts,
+    so that its d equals `full`'s bit for bit (version 13's unclipped scan, plus one maximum per element)."""
+    return phase1_fwd_seq(k, beta, None, None, eta, d_min=-math.inf, d_max=None, beta_aware=True, normalize=True,
                           cu_seqlens=None, store_kt=True)
 
 
@@ -144,23 +154,29 @@ def loop_counts(sass: str) -> dict:
 
 
 def sass_rows(K: int = 128, arch: int = 90) -> list[dict]:
-    """Each variant and phase1_fwd_seq_kernel (β-aware, no clip, d and k̃ stored) compiled for sm_`arch`, bf16 keys,
-    with pointers and T, H, K marked divisible by 16 as Triton's launcher marks them at such shapes, and without."""
+    """Each variant and the two sequential kernels as chunk_osdn launches them (β-aware, no clip, d and k̃ stored; the
+    backward fused with phase 2's gradients), each also in its token-by-token form (a floor given), compiled for
+    sm_`arch`, bf16 keys, with pointers and T, H, K marked divisible by 16 as Triton's launcher marks them at such
+    shapes, and without."""
     import subprocess
     import tempfile
 
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from osdn_fast.ops.phase1 import phase1_fwd_seq_kernel
+    from osdn_fast.ops.phase1 import phase1_bwd_seq_kernel, phase1_fwd_seq_kernel
 
     tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    pointers = dict(k="*bf16", beta="*bf16", kt_out="*bf16")
+    pointers = dict(k="*bf16", beta="*bf16", kt_out="*bf16", dk="*bf16", dbeta="*bf16")
     kernels = {v: (scan_probe_kernel, dict(BK=K, LOAD=L, STORE=S, REDUCE=R)) for v, (L, S, R) in VARIANTS.items()}
-    kernels["phase1_fwd_seq"] = (phase1_fwd_seq_kernel, dict(
-        HAS_R=False, HAS_D0=False, BETA_AWARE=True, NORMALIZE=True, HAS_MIN=False, HAS_MAX=False, IS_VARLEN=False,
-        BK=K, STORE_KT=True, HAS_GUARD=False, STORE_D=True, WIDE_INDEX=False, r=None, d0=None, cu_seqlens=None,
-        guard=None))
+    common = dict(HAS_R=False, BETA_AWARE=True, NORMALIZE=True, HAS_MAX=False, IS_VARLEN=False, BK=K, HAS_GUARD=False,
+                  WIDE_INDEX=False, r=None, cu_seqlens=None, guard=None)
+    fwd = dict(common, HAS_D0=False, STORE_KT=True, STORE_D=True, d0=None)
+    bwd = dict(common, HAS_GD_ALL=False, HAS_GD_FINAL=True, FUSED=True, gd_all=None, dr=None)
+    for name, kernel, consts in (("phase1_fwd_seq", phase1_fwd_seq_kernel, fwd),
+                                 ("phase1_bwd_seq", phase1_bwd_seq_kernel, bwd)):
+        kernels[name] = (kernel, dict(consts, HAS_MIN=False))
+        kernels[name + "_token_form"] = (kernel, dict(consts, HAS_MIN=True))
     rows = []
     for marked in (True, False):
         for name, (kernel, consts) in kernels.items():
@@ -210,16 +226,19 @@ def main(argv=None):
         k = torch.nn.functional.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(device, torch.bfloat16)
         beta = torch.rand(B, T, H, generator=gen).to(device, torch.bfloat16)
         eta = torch.full((H,), 0.003, device=device)
-        expected = production(k, beta, eta)
         full = probe(k, beta, eta, "full")
-        same = all(torch.equal(a, b) for a, b in zip(full, expected))
-        calls = {"phase1_fwd_seq": lambda: production(k, beta, eta)}
+        same = all(torch.equal(a, b) for a, b in zip(full, token_form(k, beta, eta)))
+        block = production(k, beta, eta)
+        block_err = max(((a.float() - b.float()).abs().max() / b.float().abs().max()).item() for a, b in zip(block, full))
+        calls = {"phase1_fwd_seq": lambda: production(k, beta, eta), "token_form": lambda: token_form(k, beta, eta)}
         calls.update({v: (lambda v=v: probe(k, beta, eta, v)) for v in VARIANTS})
         for name, fn in calls.items():
             ms = median_ms(fn, cuda)
             row = dict(B=B, T=T, H=H, K=K, variant=name, ms=round(ms, 4), us_per_token=round(1e3 * ms / T, 5))
             if name == "full":
-                row["equals_phase1_fwd_seq"] = same
+                row["equals_token_form"] = same
+            if name == "phase1_fwd_seq":
+                row["max_rel_diff_to_full"] = block_err
             rows.append(row)
             print(json.dumps(row), flush=True)
     result = dict(date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -231,7 +250,7 @@ def main(argv=None):
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")
-    return 0 if all(r.get("equals_phase1_fwd_seq", True) for r in rows) else 1
+    return 0 if all(r.get("equals_token_form", True) and r.get("max_rel_diff_to_full", 0) < 1e-2 for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """osdn_fast phase 1 (Triton, run in the CPU interpreter without a GPU) against osdn_ref.preconditioner_scan
 in float64: forward (d_t for every token, d_T) and every gradient (k, β, r, d_0, η), sequential and
 chunk-parallel, fixed length and packed variable-length sequences."""
+import math
 import os
 
 import torch
@@ -430,10 +431,10 @@ def test_wide_index_only_past_int32_and_bitwise_the_same(monkeypatch):
     assert not wide_index(torch.empty(8, 2048, 16, 128, device="meta"))
     assert wide_index(torch.empty(2**16, 2**10, 16, 2, device="meta"))  # 2^31 elements
     gen = torch.Generator().manual_seed(3)
-    k = torch.nn.functional.normalize(torch.randn(2, 37, 2, 16, generator=gen), dim=-1)
-    beta = torch.rand(2, 37, 2, generator=gen)
-    eta = torch.full((2,), 0.5)
-    g_all = torch.randn(2, 37, 2, 16, generator=gen)
+    k = torch.nn.functional.normalize(torch.randn(2, 37, 2, 16, generator=gen), dim=-1).to(DEVICE)
+    beta = torch.rand(2, 37, 2, generator=gen).to(DEVICE)
+    eta = torch.full((2,), 0.5, device=DEVICE)
+    g_all = torch.randn(2, 37, 2, 16, generator=gen).to(DEVICE)
     opts = dict(d_min=None, d_max=None, beta_aware=True, normalize=True, cu_seqlens=None)
     results = []
     for wide in (False, True):
@@ -442,3 +443,32 @@ def test_wide_index_only_past_int32_and_bitwise_the_same(monkeypatch):
         grads = seq.phase1_bwd_seq(k, beta, None, eta, d_all, g_all, None, **opts)
         results.append([d_all, d_final, *[g for g in grads if g is not None]])
     assert all(torch.equal(a, b) for a, b in zip(*results))
+
+
+
+@pytest.mark.parametrize("apf", [False, True])
+def test_unclipped_blocks_agree_with_the_token_form(apf):
+    """Without a clip the sequential scans take four tokens per reduction (_fwd_block, _bwd_block); with one, token
+    by token. A floor of −∞ never acts, so the token form then computes the same scan: forward (d, d_T, k̃) and the
+    fused backward (every gradient) agree to float32 rounding, over a length that leaves a partial last block."""
+    from osdn_fast.ops.phase1 import phase1_bwd_seq
+
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, K = 2, 41, 2, 20
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(DEVICE)
+    beta = torch.rand(B, T, H, generator=gen).to(DEVICE)
+    r = (0.9 + 0.1 * torch.rand(B, T, H, generator=gen)).to(DEVICE) if apf else None
+    eta = torch.full((H,), 0.6, device=DEVICE)
+    grads = (torch.randn(B, T, H, K, generator=gen).to(DEVICE), torch.randn(B, T, H, K, generator=gen).to(DEVICE),
+             torch.randn(B, T, H, generator=gen).to(DEVICE))
+    gd_final = torch.randn(B, H, K, generator=gen).to(DEVICE)
+    results = []
+    for d_min in (None, -math.inf):
+        opts = dict(d_min=d_min, d_max=None, beta_aware=True, normalize=True, cu_seqlens=None)
+        d_all, d_final, kt = phase1_fwd_seq(k, beta, r, None, eta, **opts, store_kt=True)
+        back = phase1_bwd_seq(k, beta, r, eta, d_all, None, gd_final, **opts, phase2_grads=grads)
+        results.append([d_all, d_final, kt, *[g for g in back if g is not None]])
+    assert len(results[0]) == len(results[1]) == (8 if apf else 7)
+    assert not all(torch.equal(a, b) for a, b in zip(*results))  # two forms, two roundings
+    for block, token in zip(*results):
+        torch.testing.assert_close(block, token, rtol=1e-5, atol=1e-6)

@@ -73,16 +73,22 @@ def _load_token(k, beta, r, t, ok, h, H, K, offs, HAS_R: tl.constexpr, BETA_AWAR
 
 
 @triton.jit
+def _store_token(d, kt, row, m, d_all, kt_out, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
+    """Stores d_t (if STORE_D) and k̃_t = d_t ⊙ k_t (if STORE_KT) at `row` where m."""
+    if STORE_D:
+        tl.store(d_all + row, d, mask=m)
+    if STORE_KT:
+        tl.store(kt_out + row, d * kt, mask=m)
+
+
+@triton.jit
 def _store_and_update(d, kt, b, rt, row, m, d_all, kt_out, eta_h, eps, d_min, d_max, mask,
                       HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_MIN: tl.constexpr,
                       HAS_MAX: tl.constexpr, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
     """One token of the forward: stores d_t (if STORE_D) and k̃_t = d_t ⊙ k_t (if STORE_KT) at `row` where m, then
     the clipped update: (d_{t+1}, keep, c, a = k_t²) as _clipped_update gives them."""
-    if STORE_D:
-        tl.store(d_all + row, d, mask=m)
     kt = kt.to(tl.float32)
-    if STORE_KT:
-        tl.store(kt_out + row, d * kt, mask=m)
+    _store_token(d, kt, row, m, d_all, kt_out, STORE_KT, STORE_D)
     if BETA_AWARE:
         b = b.to(tl.float32)
     if HAS_R:
@@ -101,6 +107,59 @@ def _fwd_step(d, kt, b, rt, t, ok, d_all, kt_out, h, H, K, offs, eta_h, eps, d_m
     z, _, _, _ = _store_and_update(d, kt, b, rt, (t * H + h) * K + offs, m, d_all, kt_out, eta_h, eps, d_min, d_max,
                                    offs < K, HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
     return tl.where(ok, z, d)
+
+
+@triton.jit
+def _token_terms(kt, b, rt, eta_h, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr):
+    """A token's float32 terms for the unclipped four-token step: (k_t, a_t = k_t², r_t, g_t = η b_t ν_t, b_t),
+    so that w_t = g_t (1 − b_t s_t)."""
+    kt = kt.to(tl.float32)
+    a = kt * kt
+    if BETA_AWARE:
+        b = b.to(tl.float32)
+    if HAS_R:
+        rt = rt.to(tl.float32)
+    if NORMALIZE:
+        g = eta_h * b / (tl.sum(a, axis=0) + eps)
+    else:
+        g = eta_h * b
+    return kt, a, rt, g, b
+
+
+@triton.jit
+def _fwd_block(d, k1, a1, r1, g1, b1, k2, a2, r2, g2, b2, k3, a3, r3, g3, b3, k4, a4, r4, g4, b4, t, eos,
+               d_all, kt_out, h, H, K, offs, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
+    """Tokens t … t+3 of the unclipped scan from d = d_t, the block's start (terms from _token_terms). With
+    e_i = ⟨d_t, a_i⟩ and G_ji = ⟨a_j, a_i⟩, all ten inner products independent of one another,
+
+        s_1 = e_1,  s_2 = r_1 e_2 + w_1 G_12,  s_3 = r_2 (r_1 e_3 + w_1 G_13) + w_2 G_23,
+        s_4 = r_3 (r_2 (r_1 e_4 + w_1 G_14) + w_2 G_24) + w_3 G_34,
+
+    and d ← r_i d + w_i a_i after each: one reduction deep per four tokens, where the token-by-token step
+    (_fwd_step) is four deep. Tokens past eos get w = 0 (and r = 1 as loaded), so d stays."""
+    e1 = tl.sum(d * a1, axis=0)
+    e2 = tl.sum(d * a2, axis=0)
+    e3 = tl.sum(d * a3, axis=0)
+    e4 = tl.sum(d * a4, axis=0)
+    g12 = tl.sum(a1 * a2, axis=0)
+    g13 = tl.sum(a1 * a3, axis=0)
+    g14 = tl.sum(a1 * a4, axis=0)
+    g23 = tl.sum(a2 * a3, axis=0)
+    g24 = tl.sum(a2 * a4, axis=0)
+    g34 = tl.sum(a3 * a4, axis=0)
+    row = (t * H + h) * K + offs
+    w1 = tl.where(t < eos, g1 * (1.0 - b1 * e1), 0.0)
+    _store_token(d, k1, row, offs < tl.where(t < eos, K, 0), d_all, kt_out, STORE_KT, STORE_D)
+    d = r1 * d + w1 * a1
+    w2 = tl.where(t + 1 < eos, g2 * (1.0 - b2 * (r1 * e2 + w1 * g12)), 0.0)
+    _store_token(d, k2, row + H * K, offs < tl.where(t + 1 < eos, K, 0), d_all, kt_out, STORE_KT, STORE_D)
+    d = r2 * d + w2 * a2
+    w3 = tl.where(t + 2 < eos, g3 * (1.0 - b3 * (r2 * (r1 * e3 + w1 * g13) + w2 * g23)), 0.0)
+    _store_token(d, k3, row + 2 * H * K, offs < tl.where(t + 2 < eos, K, 0), d_all, kt_out, STORE_KT, STORE_D)
+    d = r3 * d + w3 * a3
+    w4 = tl.where(t + 3 < eos, g4 * (1.0 - b4 * (r3 * (r2 * (r1 * e4 + w1 * g14) + w2 * g24) + w3 * g34)), 0.0)
+    _store_token(d, k4, row + 3 * H * K, offs < tl.where(t + 3 < eos, K, 0), d_all, kt_out, STORE_KT, STORE_D)
+    return r4 * d + w4 * a4
 
 
 @triton.jit
@@ -140,19 +199,31 @@ def phase1_fwd_seq_kernel(
     k2, b2, r2 = _load_token(*src, bos + 1, bos + 1 < eos, *loc, HAS_R, BETA_AWARE)
     k3, b3, r3 = _load_token(*src, bos + 2, bos + 2 < eos, *loc, HAS_R, BETA_AWARE)
     k4, b4, r4 = _load_token(*src, bos + 3, bos + 3 < eos, *loc, HAS_R, BETA_AWARE)
-    for t in range(bos, eos, 4):
-        d = _fwd_step(d, k1, b1, r1, t, t < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
-        k1, b1, r1 = _load_token(*src, t + 4, t + 4 < eos, *loc, HAS_R, BETA_AWARE)
-        d = _fwd_step(d, k2, b2, r2, t + 1, t + 1 < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
-        k2, b2, r2 = _load_token(*src, t + 5, t + 5 < eos, *loc, HAS_R, BETA_AWARE)
-        d = _fwd_step(d, k3, b3, r3, t + 2, t + 2 < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
-        k3, b3, r3 = _load_token(*src, t + 6, t + 6 < eos, *loc, HAS_R, BETA_AWARE)
-        d = _fwd_step(d, k4, b4, r4, t + 3, t + 3 < eos, *step,
-                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
-        k4, b4, r4 = _load_token(*src, t + 7, t + 7 < eos, *loc, HAS_R, BETA_AWARE)
+    if HAS_MIN or HAS_MAX:  # the clip acts per coordinate: token by token
+        for t in range(bos, eos, 4):
+            d = _fwd_step(d, k1, b1, r1, t, t < eos, *step,
+                          HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
+            k1, b1, r1 = _load_token(*src, t + 4, t + 4 < eos, *loc, HAS_R, BETA_AWARE)
+            d = _fwd_step(d, k2, b2, r2, t + 1, t + 1 < eos, *step,
+                          HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
+            k2, b2, r2 = _load_token(*src, t + 5, t + 5 < eos, *loc, HAS_R, BETA_AWARE)
+            d = _fwd_step(d, k3, b3, r3, t + 2, t + 2 < eos, *step,
+                          HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
+            k3, b3, r3 = _load_token(*src, t + 6, t + 6 < eos, *loc, HAS_R, BETA_AWARE)
+            d = _fwd_step(d, k4, b4, r4, t + 3, t + 3 < eos, *step,
+                          HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, STORE_KT, STORE_D)
+            k4, b4, r4 = _load_token(*src, t + 7, t + 7 < eos, *loc, HAS_R, BETA_AWARE)
+    else:  # unclipped: four tokens per reduction (_fwd_block)
+        for t in range(bos, eos, 4):
+            x1 = _token_terms(k1, b1, r1, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE)
+            x2 = _token_terms(k2, b2, r2, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE)
+            x3 = _token_terms(k3, b3, r3, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE)
+            x4 = _token_terms(k4, b4, r4, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE)
+            k1, b1, r1 = _load_token(*src, t + 4, t + 4 < eos, *loc, HAS_R, BETA_AWARE)
+            k2, b2, r2 = _load_token(*src, t + 5, t + 5 < eos, *loc, HAS_R, BETA_AWARE)
+            k3, b3, r3 = _load_token(*src, t + 6, t + 6 < eos, *loc, HAS_R, BETA_AWARE)
+            k4, b4, r4 = _load_token(*src, t + 7, t + 7 < eos, *loc, HAS_R, BETA_AWARE)
+            d = _fwd_block(d, *x1, *x2, *x3, *x4, t, eos, d_all, kt_out, h, H, K, offs, STORE_KT, STORE_D)
     tl.store(d_final + (n * H + h) * K + offs, d, mask=mask)
 
 
@@ -179,31 +250,60 @@ def _load_token_bwd(k, beta, r, d_all, gd_all, dkt_in, dk_in, dbeta_in, t, ok, h
 
 
 @triton.jit
-def _bwd_step(lam, deta_acc, kt, b, rt, d, gd, dkt, dk2, db2, t, ok, dk, dbeta, dr, h, H, K, offs, mask, eta_h,
-              eps, d_min, d_max, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
-              HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, FUSED: tl.constexpr):
-    """Token t's step of the reverse scan: stores ∂k_t, ∂β_t, ∂r_t, returns (λ_t, ∂η so far); unchanged when
-    not ok. FUSED: ∂L/∂d_t gains ∂k̃_t ⊙ k_t, ∂k_t gains ∂k̃_t ⊙ d_t and phase 2's ∂k_t, ∂β_t gains phase 2's."""
+def _bwd_terms(kt, b, rt, d, gd, dkt, dk2, db2, eta_h, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr,
+               NORMALIZE: tl.constexpr, HAS_GD_ALL: tl.constexpr, FUSED: tl.constexpr):
+    """A token's float32 terms for the reverse scan, from its loads (_load_token_bwd): (k_t, a_t, r_t, d_t, u_t,
+    ∂k_t so far, ∂β_t so far, s_t, ν_t, w_t, c_t, b_t). u_t is what λ_t gains besides the scan's own terms, ∂L/∂d_t
+    direct plus (FUSED) ∂k̃_t ⊙ k_t; FUSED, ∂k_t starts from phase 2's ∂k_t + ∂k̃_t ⊙ d_t and ∂β_t from phase 2's."""
     kt = kt.to(tl.float32)
     if BETA_AWARE:
         b = b.to(tl.float32)
     if HAS_R:
         rt = rt.to(tl.float32)
     if HAS_GD_ALL:
-        gd = gd.to(tl.float32)
+        u = gd.to(tl.float32)
     else:
-        gd = tl.zeros([offs.shape[0]], dtype=tl.float32)
+        u = tl.zeros([kt.shape[0]], dtype=tl.float32)
     if FUSED:
         dkt = dkt.to(tl.float32)
-        gd += dkt * kt
+        u += dkt * kt
         dk_t = dk2.to(tl.float32) + dkt * d
         db_t = db2.to(tl.float32)
     else:
-        dk_t = tl.zeros([offs.shape[0]], dtype=tl.float32)
+        dk_t = tl.zeros([kt.shape[0]], dtype=tl.float32)
         db_t = 0.0
     a = kt * kt
     s = tl.sum(d * a, axis=0)
     w, c, nu = _gains(eta_h, b, s, a, eps, NORMALIZE)
+    return kt, a, rt, d, u, dk_t, db_t, s, nu, w, c, b
+
+
+@triton.jit
+def _bwd_token_out(dz, p, gs, kt, d, dk_t, db_t, s, nu, w, b, t, ok, dk, dbeta, dr, h, H, K, offs, eta_h,
+                   HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, FUSED: tl.constexpr):
+    """Stores token t's ∂k_t, ∂β_t, ∂r_t from λ̄_t (`dz`, the clip's mask applied), p_t = ⟨λ̄_t, a_t⟩ and
+    gs = ∂L/∂s_t = −c_t p_t; returns its term of ∂η (0 when not ok)."""
+    da = w * dz + gs * d
+    if NORMALIZE:
+        da = da - w * p * nu
+    tl.store(dk + (t * H + h) * K + offs, dk_t + 2.0 * kt * da, mask=offs < tl.where(ok, K, 0))
+    if BETA_AWARE:
+        db_t += p * eta_h * (1.0 - 2.0 * b * s) * nu
+    if BETA_AWARE or FUSED:
+        tl.store(dbeta + t * H + h, db_t, mask=ok)
+    if HAS_R:
+        tl.store(dr + t * H + h, tl.sum(dz * d, axis=0), mask=ok)
+    return tl.where(ok, p * b * (1.0 - b * s) * nu, 0.0)
+
+
+@triton.jit
+def _bwd_step(lam, deta_acc, kt, b, rt, d, gd, dkt, dk2, db2, t, ok, dk, dbeta, dr, h, H, K, offs, mask, eta_h,
+              eps, d_min, d_max, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+              HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, HAS_GD_ALL: tl.constexpr, FUSED: tl.constexpr):
+    """Token t's step of the reverse scan: stores ∂k_t, ∂β_t, ∂r_t, returns (λ_t, ∂η so far); unchanged when
+    not ok. FUSED: ∂L/∂d_t gains ∂k̃_t ⊙ k_t, ∂k_t gains ∂k̃_t ⊙ d_t and phase 2's ∂k_t, ∂β_t gains phase 2's."""
+    kt, a, rt, d, u, dk_t, db_t, s, nu, w, c, b = _bwd_terms(kt, b, rt, d, gd, dkt, dk2, db2, eta_h, eps, HAS_R,
+                                                            BETA_AWARE, NORMALIZE, HAS_GD_ALL, FUSED)
     z = rt * d + w * a
     keep = mask
     if HAS_MIN:
@@ -213,19 +313,74 @@ def _bwd_step(lam, deta_acc, kt, b, rt, d, gd, dkt, dk2, db2, t, ok, dk, dbeta, 
     dz = tl.where(keep, lam, 0.0)
     p = tl.sum(dz * a, axis=0)
     gs = -p * c  # ∂L/∂s_t
-    da = w * dz + gs * d
-    if NORMALIZE:
-        da = da - w * p * nu
-    row = (t * H + h) * K + offs
-    tl.store(dk + row, dk_t + 2.0 * kt * da, mask=offs < tl.where(ok, K, 0))
-    if BETA_AWARE:
-        db_t += p * eta_h * (1.0 - 2.0 * b * s) * nu
-    if BETA_AWARE or FUSED:
-        tl.store(dbeta + t * H + h, db_t, mask=ok)
-    if HAS_R:
-        tl.store(dr + t * H + h, tl.sum(dz * d, axis=0), mask=ok)
-    deta_acc += tl.where(ok, p * b * (1.0 - b * s) * nu, 0.0)
-    return tl.where(ok, rt * dz + gs * a + gd, lam), deta_acc
+    deta_acc += _bwd_token_out(dz, p, gs, kt, d, dk_t, db_t, s, nu, w, b, t, ok, dk, dbeta, dr, h, H, K, offs, eta_h,
+                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
+    return tl.where(ok, rt * dz + gs * a + u, lam), deta_acc
+
+
+@triton.jit
+def _bwd_block(lam, deta_acc, k1, a1, r1, d1, u1, dk1, db1, s1, nu1, w1, c1, b1,
+               k2, a2, r2, d2, u2, dk2, db2, s2, nu2, w2, c2, b2, k3, a3, r3, d3, u3, dk3, db3, s3, nu3, w3, c3, b3,
+               k4, a4, r4, d4, u4, dk4, db4, s4, nu4, w4, c4, b4, t, bos, dk, dbeta, dr, h, H, K, offs, eta_h,
+               HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, HAS_U: tl.constexpr,
+               FUSED: tl.constexpr):
+    """Tokens t, t−1, t−2, t−3 (1 … 4) of the unclipped reverse scan from λ = λ̄_1, terms from _bwd_terms. With
+    λ̄_{i+1} = r_i λ̄_i + gs_i a_i + u_i, gs_i = −c_i p_i, the inner products p_i = ⟨λ̄_i, a_i⟩ unfold into
+    E_i = ⟨λ, a_i⟩, G_ji = ⟨a_j, a_i⟩ and U_ji = ⟨u_j, a_i⟩, none of which depends on another:
+
+        p_1 = E_1,  p_2 = r_1 E_2 + gs_1 G_12 + U_12,  p_3 = r_2 (r_1 E_3 + gs_1 G_13 + U_13) + gs_2 G_23 + U_23,
+        p_4 = r_3 (r_2 (r_1 E_4 + gs_1 G_14 + U_14) + gs_2 G_24 + U_24) + gs_3 G_34 + U_34,
+
+    as _fwd_block unfolds s_i. Tokens before bos get gs = 0 (and r = 1, u = 0 as loaded): λ passes them unchanged.
+    Returns (λ̄ of token t − 4, ∂η so far)."""
+    e1 = tl.sum(lam * a1, axis=0)
+    e2 = tl.sum(lam * a2, axis=0)
+    e3 = tl.sum(lam * a3, axis=0)
+    e4 = tl.sum(lam * a4, axis=0)
+    g12 = tl.sum(a1 * a2, axis=0)
+    g13 = tl.sum(a1 * a3, axis=0)
+    g14 = tl.sum(a1 * a4, axis=0)
+    g23 = tl.sum(a2 * a3, axis=0)
+    g24 = tl.sum(a2 * a4, axis=0)
+    g34 = tl.sum(a3 * a4, axis=0)
+    if HAS_U:
+        u12 = tl.sum(u1 * a2, axis=0)
+        u13 = tl.sum(u1 * a3, axis=0)
+        u14 = tl.sum(u1 * a4, axis=0)
+        u23 = tl.sum(u2 * a3, axis=0)
+        u24 = tl.sum(u2 * a4, axis=0)
+        u34 = tl.sum(u3 * a4, axis=0)
+    else:
+        u12, u13, u14, u23, u24, u34 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
+    out = (dk, dbeta, dr, h, H, K, offs, eta_h)
+    gs1 = tl.where(t >= bos, -e1 * c1, 0.0)
+    deta_acc += _bwd_token_out(lam, e1, gs1, k1, d1, dk1, db1, s1, nu1, w1, b1, t, t >= bos, *out,
+                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
+    lam = r1 * lam + gs1 * a1
+    if HAS_U:
+        lam += u1
+    p2 = r1 * e2 + gs1 * g12 + u12
+    gs2 = tl.where(t - 1 >= bos, -p2 * c2, 0.0)
+    deta_acc += _bwd_token_out(lam, p2, gs2, k2, d2, dk2, db2, s2, nu2, w2, b2, t - 1, t - 1 >= bos, *out,
+                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
+    lam = r2 * lam + gs2 * a2
+    if HAS_U:
+        lam += u2
+    p3 = r2 * (r1 * e3 + gs1 * g13 + u13) + gs2 * g23 + u23
+    gs3 = tl.where(t - 2 >= bos, -p3 * c3, 0.0)
+    deta_acc += _bwd_token_out(lam, p3, gs3, k3, d3, dk3, db3, s3, nu3, w3, b3, t - 2, t - 2 >= bos, *out,
+                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
+    lam = r3 * lam + gs3 * a3
+    if HAS_U:
+        lam += u3
+    p4 = r3 * (r2 * (r1 * e4 + gs1 * g14 + u14) + gs2 * g24 + u24) + gs3 * g34 + u34
+    gs4 = tl.where(t - 3 >= bos, -p4 * c4, 0.0)
+    deta_acc += _bwd_token_out(lam, p4, gs4, k4, d4, dk4, db4, s4, nu4, w4, b4, t - 3, t - 3 >= bos, *out,
+                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
+    lam = r4 * lam + gs4 * a4
+    if HAS_U:
+        lam += u4
+    return lam, deta_acc
 
 
 @triton.jit
@@ -265,20 +420,34 @@ def phase1_bwd_seq_kernel(
     x2 = _load_token_bwd(*src, eos - 2, eos - 2 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
     x3 = _load_token_bwd(*src, eos - 3, eos - 3 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
     x4 = _load_token_bwd(*src, eos - 4, eos - 4 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
-    for i in range(0, eos - bos, 4):
-        t = eos - 1 - i
-        lam, deta_acc = _bwd_step(lam, deta_acc, *x1, t, t >= bos, *step,
-                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
-        x1 = _load_token_bwd(*src, t - 4, t - 4 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
-        lam, deta_acc = _bwd_step(lam, deta_acc, *x2, t - 1, t - 1 >= bos, *step,
-                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
-        x2 = _load_token_bwd(*src, t - 5, t - 5 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
-        lam, deta_acc = _bwd_step(lam, deta_acc, *x3, t - 2, t - 2 >= bos, *step,
-                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
-        x3 = _load_token_bwd(*src, t - 6, t - 6 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
-        lam, deta_acc = _bwd_step(lam, deta_acc, *x4, t - 3, t - 3 >= bos, *step,
-                                  HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
-        x4 = _load_token_bwd(*src, t - 7, t - 7 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+    if HAS_MIN or HAS_MAX:  # the clip acts per coordinate: token by token
+        for i in range(0, eos - bos, 4):
+            t = eos - 1 - i
+            lam, deta_acc = _bwd_step(lam, deta_acc, *x1, t, t >= bos, *step,
+                                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+            x1 = _load_token_bwd(*src, t - 4, t - 4 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+            lam, deta_acc = _bwd_step(lam, deta_acc, *x2, t - 1, t - 1 >= bos, *step,
+                                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+            x2 = _load_token_bwd(*src, t - 5, t - 5 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+            lam, deta_acc = _bwd_step(lam, deta_acc, *x3, t - 2, t - 2 >= bos, *step,
+                                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+            x3 = _load_token_bwd(*src, t - 6, t - 6 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+            lam, deta_acc = _bwd_step(lam, deta_acc, *x4, t - 3, t - 3 >= bos, *step,
+                                      HAS_R, BETA_AWARE, NORMALIZE, HAS_MIN, HAS_MAX, HAS_GD_ALL, FUSED)
+            x4 = _load_token_bwd(*src, t - 7, t - 7 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+    else:  # unclipped: four tokens per reduction (_bwd_block)
+        for i in range(0, eos - bos, 4):
+            t = eos - 1 - i
+            y1 = _bwd_terms(*x1, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE, HAS_GD_ALL, FUSED)
+            y2 = _bwd_terms(*x2, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE, HAS_GD_ALL, FUSED)
+            y3 = _bwd_terms(*x3, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE, HAS_GD_ALL, FUSED)
+            y4 = _bwd_terms(*x4, eta_h, eps, HAS_R, BETA_AWARE, NORMALIZE, HAS_GD_ALL, FUSED)
+            x1 = _load_token_bwd(*src, t - 4, t - 4 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+            x2 = _load_token_bwd(*src, t - 5, t - 5 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+            x3 = _load_token_bwd(*src, t - 6, t - 6 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+            x4 = _load_token_bwd(*src, t - 7, t - 7 >= bos, *loc, HAS_R, BETA_AWARE, HAS_GD_ALL, FUSED)
+            lam, deta_acc = _bwd_block(lam, deta_acc, *y1, *y2, *y3, *y4, t, bos, dk, dbeta, dr, h, H, K, offs, eta_h,
+                                       HAS_R, BETA_AWARE, NORMALIZE, HAS_GD_ALL or FUSED, FUSED)
     tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
     tl.store(deta + n * H + h, deta_acc)
 
