@@ -127,9 +127,8 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     when one follows, else None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
-    if form == "sequential":  # r in float32 when no d_all is written: with bf16 r that scan ran 1.3x slower (v10)
-        r_scan = r.float() if r is not None and not store_d else r
-        return form, *phase1_fwd_seq(k, beta, r_scan, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
+    if form == "sequential":  # r as stored: float32 r made the forward-only scan slower since version 14 (NOTES)
+        return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
                                      **p1), None, None, None
     if form == "newton":  # PHASE1_NEWTON's rounds without a host synchronisation; the guarded scan if unconverged
         d_all, d_final, kt, unconverged = phase1_fwd_newton(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,

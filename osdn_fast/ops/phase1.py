@@ -5,8 +5,9 @@ One step per token (a_t = k_t², n_t = ‖k_t‖² + ε or 1, b_t = β_t or 1, s
     z_t     = r_t d_t + w_t a_t,   w_t = η b_t (1 − b_t s_t) / n_t
     d_{t+1} = clip(z_t, d_min, d_max)
 
-The sequential kernels run one program per (sequence, head), the K channels in one block. The backward is
-the reverse scan of the adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with λ̄_t = λ_{t+1} masked by the clip):
+The sequential kernels run one program per (sequence, head), the K channels in one block; without a clip they take
+four tokens per reduction (_fwd_block, _bwd_block), with one token by token. The backward is the reverse scan of the
+adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with λ̄_t = λ_{t+1} masked by the clip):
 
     λ_t = r_t λ̄_t − (η b_t² / n_t) p_t a_t + ∂L/∂d_t(direct)
     ∂a_t = w_t λ̄_t − (η b_t² / n_t) p_t d_t,  ∂k_t = 2 k_t (∂a_t − w_t p_t / n_t)   (the last term if normalised)
@@ -127,6 +128,15 @@ def _token_terms(kt, b, rt, eta_h, eps, HAS_R: tl.constexpr, BETA_AWARE: tl.cons
 
 
 @triton.jit
+def _block_products(x, a1, a2, a3, a4):
+    """The ten inner products of a block of four tokens, none of which depends on another: ⟨x, a_i⟩ for i = 1 … 4
+    (x = d_t forward, λ̄ backward), then the Gram entries ⟨a_j, a_i⟩, j < i, in the order 12, 13, 14, 23, 24, 34."""
+    return (tl.sum(x * a1, axis=0), tl.sum(x * a2, axis=0), tl.sum(x * a3, axis=0), tl.sum(x * a4, axis=0),
+            tl.sum(a1 * a2, axis=0), tl.sum(a1 * a3, axis=0), tl.sum(a1 * a4, axis=0), tl.sum(a2 * a3, axis=0),
+            tl.sum(a2 * a4, axis=0), tl.sum(a3 * a4, axis=0))
+
+
+@triton.jit
 def _fwd_block(d, k1, a1, r1, g1, b1, k2, a2, r2, g2, b2, k3, a3, r3, g3, b3, k4, a4, r4, g4, b4, t, eos,
                d_all, kt_out, h, H, K, offs, STORE_KT: tl.constexpr, STORE_D: tl.constexpr):
     """Tokens t … t+3 of the unclipped scan from d = d_t, the block's start (terms from _token_terms). With
@@ -137,16 +147,7 @@ def _fwd_block(d, k1, a1, r1, g1, b1, k2, a2, r2, g2, b2, k3, a3, r3, g3, b3, k4
 
     and d ← r_i d + w_i a_i after each: one reduction deep per four tokens, where the token-by-token step
     (_fwd_step) is four deep. Tokens past eos get w = 0 (and r = 1 as loaded), so d stays."""
-    e1 = tl.sum(d * a1, axis=0)
-    e2 = tl.sum(d * a2, axis=0)
-    e3 = tl.sum(d * a3, axis=0)
-    e4 = tl.sum(d * a4, axis=0)
-    g12 = tl.sum(a1 * a2, axis=0)
-    g13 = tl.sum(a1 * a3, axis=0)
-    g14 = tl.sum(a1 * a4, axis=0)
-    g23 = tl.sum(a2 * a3, axis=0)
-    g24 = tl.sum(a2 * a4, axis=0)
-    g34 = tl.sum(a3 * a4, axis=0)
+    e1, e2, e3, e4, g12, g13, g14, g23, g24, g34 = _block_products(d, a1, a2, a3, a4)
     row = (t * H + h) * K + offs
     w1 = tl.where(t < eos, g1 * (1.0 - b1 * e1), 0.0)
     _store_token(d, k1, row, offs < tl.where(t < eos, K, 0), d_all, kt_out, STORE_KT, STORE_D)
@@ -170,11 +171,12 @@ def phase1_fwd_seq_kernel(
     HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr, IS_VARLEN: tl.constexpr, BK: tl.constexpr,
     STORE_KT: tl.constexpr, HAS_GUARD: tl.constexpr, STORE_D: tl.constexpr, WIDE_INDEX: tl.constexpr,
 ):
-    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), token by token, four tokens
-    per loop iteration. Each token's inputs live in their own slot (1-4), reloaded with token t + 4 right after
-    token t's step: a load has four steps to arrive, and no register is copied from slot to slot (a copy of a
-    pending load would wait for it). STORE_KT also writes the write key k̃_t = d_t ⊙ k_t (in k's dtype); without
-    STORE_D, d_t itself is not stored (a forward that no backward follows).
+    """d_{t+1} = clip(r_t d_t + w_t a_t): one program per (sequence n, head h), four tokens per loop iteration: with a
+    clip token by token (_fwd_step), without one as a block (_fwd_block). Each token's inputs live in their own slot
+    (1-4), reloaded with token t + 4 once token t no longer needs them (right after its step, or after the block's
+    conversions): no register is copied from slot to slot (a copy of a pending load would wait for it). STORE_KT also
+    writes the write key k̃_t = d_t ⊙ k_t (in k's dtype); without STORE_D, d_t itself is not stored (a forward that no
+    backward follows).
     HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero. WIDE_INDEX: token indices in
     int64, for offsets beyond int32."""
     if HAS_GUARD:
@@ -319,6 +321,21 @@ def _bwd_step(lam, deta_acc, kt, b, rt, d, gd, dkt, dk2, db2, t, ok, dk, dbeta, 
 
 
 @triton.jit
+def _bwd_block_token(lam, deta_acc, p, kt, a, rt, d, u, dk_t, db_t, s, nu, w, c, b, t, ok, dk, dbeta, dr, h, H, K, offs,
+                     eta_h, HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
+                     HAS_U: tl.constexpr, FUSED: tl.constexpr):
+    """One token of _bwd_block, given p_t: stores its gradients (_bwd_token_out) and returns (λ̄ of the token before,
+    ∂η so far, gs_t = −c_t p_t, 0 when not ok)."""
+    gs = tl.where(ok, -p * c, 0.0)
+    deta_acc += _bwd_token_out(lam, p, gs, kt, d, dk_t, db_t, s, nu, w, b, t, ok, dk, dbeta, dr, h, H, K, offs, eta_h,
+                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
+    lam = rt * lam + gs * a
+    if HAS_U:
+        lam += u
+    return lam, deta_acc, gs
+
+
+@triton.jit
 def _bwd_block(lam, deta_acc, k1, a1, r1, d1, u1, dk1, db1, s1, nu1, w1, c1, b1,
                k2, a2, r2, d2, u2, dk2, db2, s2, nu2, w2, c2, b2, k3, a3, r3, d3, u3, dk3, db3, s3, nu3, w3, c3, b3,
                k4, a4, r4, d4, u4, dk4, db4, s4, nu4, w4, c4, b4, t, bos, dk, dbeta, dr, h, H, K, offs, eta_h,
@@ -333,16 +350,7 @@ def _bwd_block(lam, deta_acc, k1, a1, r1, d1, u1, dk1, db1, s1, nu1, w1, c1, b1,
 
     as _fwd_block unfolds s_i. Tokens before bos get gs = 0 (and r = 1, u = 0 as loaded): λ passes them unchanged.
     Returns (λ̄ of token t − 4, ∂η so far)."""
-    e1 = tl.sum(lam * a1, axis=0)
-    e2 = tl.sum(lam * a2, axis=0)
-    e3 = tl.sum(lam * a3, axis=0)
-    e4 = tl.sum(lam * a4, axis=0)
-    g12 = tl.sum(a1 * a2, axis=0)
-    g13 = tl.sum(a1 * a3, axis=0)
-    g14 = tl.sum(a1 * a4, axis=0)
-    g23 = tl.sum(a2 * a3, axis=0)
-    g24 = tl.sum(a2 * a4, axis=0)
-    g34 = tl.sum(a3 * a4, axis=0)
+    e1, e2, e3, e4, g12, g13, g14, g23, g24, g34 = _block_products(lam, a1, a2, a3, a4)
     if HAS_U:
         u12 = tl.sum(u1 * a2, axis=0)
         u13 = tl.sum(u1 * a3, axis=0)
@@ -353,33 +361,17 @@ def _bwd_block(lam, deta_acc, k1, a1, r1, d1, u1, dk1, db1, s1, nu1, w1, c1, b1,
     else:
         u12, u13, u14, u23, u24, u34 = 0.0, 0.0, 0.0, 0.0, 0.0, 0.0
     out = (dk, dbeta, dr, h, H, K, offs, eta_h)
-    gs1 = tl.where(t >= bos, -e1 * c1, 0.0)
-    deta_acc += _bwd_token_out(lam, e1, gs1, k1, d1, dk1, db1, s1, nu1, w1, b1, t, t >= bos, *out,
-                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
-    lam = r1 * lam + gs1 * a1
-    if HAS_U:
-        lam += u1
+    lam, deta_acc, gs1 = _bwd_block_token(lam, deta_acc, e1, k1, a1, r1, d1, u1, dk1, db1, s1, nu1, w1, c1, b1, t,
+                                          t >= bos, *out, HAS_R, BETA_AWARE, NORMALIZE, HAS_U, FUSED)
     p2 = r1 * e2 + gs1 * g12 + u12
-    gs2 = tl.where(t - 1 >= bos, -p2 * c2, 0.0)
-    deta_acc += _bwd_token_out(lam, p2, gs2, k2, d2, dk2, db2, s2, nu2, w2, b2, t - 1, t - 1 >= bos, *out,
-                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
-    lam = r2 * lam + gs2 * a2
-    if HAS_U:
-        lam += u2
+    lam, deta_acc, gs2 = _bwd_block_token(lam, deta_acc, p2, k2, a2, r2, d2, u2, dk2, db2, s2, nu2, w2, c2, b2, t - 1,
+                                          t - 1 >= bos, *out, HAS_R, BETA_AWARE, NORMALIZE, HAS_U, FUSED)
     p3 = r2 * (r1 * e3 + gs1 * g13 + u13) + gs2 * g23 + u23
-    gs3 = tl.where(t - 2 >= bos, -p3 * c3, 0.0)
-    deta_acc += _bwd_token_out(lam, p3, gs3, k3, d3, dk3, db3, s3, nu3, w3, b3, t - 2, t - 2 >= bos, *out,
-                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
-    lam = r3 * lam + gs3 * a3
-    if HAS_U:
-        lam += u3
+    lam, deta_acc, gs3 = _bwd_block_token(lam, deta_acc, p3, k3, a3, r3, d3, u3, dk3, db3, s3, nu3, w3, c3, b3, t - 2,
+                                          t - 2 >= bos, *out, HAS_R, BETA_AWARE, NORMALIZE, HAS_U, FUSED)
     p4 = r3 * (r2 * (r1 * e4 + gs1 * g14 + u14) + gs2 * g24 + u24) + gs3 * g34 + u34
-    gs4 = tl.where(t - 3 >= bos, -p4 * c4, 0.0)
-    deta_acc += _bwd_token_out(lam, p4, gs4, k4, d4, dk4, db4, s4, nu4, w4, b4, t - 3, t - 3 >= bos, *out,
-                               HAS_R, BETA_AWARE, NORMALIZE, FUSED)
-    lam = r4 * lam + gs4 * a4
-    if HAS_U:
-        lam += u4
+    lam, deta_acc, _gs4 = _bwd_block_token(lam, deta_acc, p4, k4, a4, r4, d4, u4, dk4, db4, s4, nu4, w4, c4, b4, t - 3,
+                                           t - 3 >= bos, *out, HAS_R, BETA_AWARE, NORMALIZE, HAS_U, FUSED)
     return lam, deta_acc
 
 
@@ -394,9 +386,9 @@ def phase1_bwd_seq_kernel(
     WIDE_INDEX: tl.constexpr,
 ):
     """Reverse scan of λ_t = ∂L/∂d_t, recomputing z_t from the stored d_t; per-token ∂k, ∂β, ∂r, and ∂η.
-    Four tokens per loop iteration in four load slots, as in the forward (token t − 4 is loaded right after
-    token t's step). HAS_GUARD: every program returns at once unless the int32 at `guard` is nonzero. WIDE_INDEX: as
-    in the forward."""
+    Four tokens per loop iteration in four load slots, as in the forward: with a clip token by token (_bwd_step;
+    token t − 4 is loaded right after token t's step), without one as a block (_bwd_block). HAS_GUARD: every program
+    returns at once unless the int32 at `guard` is nonzero. WIDE_INDEX: as in the forward."""
     if HAS_GUARD:
         if tl.load(guard) == 0:
             return
