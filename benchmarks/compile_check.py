@@ -6,10 +6,18 @@ kernel's registers and stack per thread (cuobjdump -res-usage): stack beyond a f
 Run it with the Triton version of the GPU image (e.g. in a virtual environment with triton==3.6) before spending GPU time:
 
     python benchmarks/compile_check.py --dims 64 128 256          # must not run under TRITON_INTERPRET=1
+
+Whether a change moves any machine code (a refactor, a docstring, a comment): write each build's SASS fingerprint
+from one tree, then compare another tree's with it; the same instructions run the same on the GPU, to the bit:
+
+    PYTHONPATH=OLD_TREE python benchmarks/compile_check.py --dims 64 128 --sass-out /tmp/old.json
+    PYTHONPATH=NEW_TREE python benchmarks/compile_check.py --dims 64 128 --same-as /tmp/old.json
 """
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import re
 import sys
@@ -162,18 +170,37 @@ def usage(compiled):
     return (int(found.group(1)), int(found.group(2))) if found else (-1, -1)
 
 
+def sass_fingerprint(compiled) -> dict:
+    """The instructions of a compiled kernel's SASS (cuobjdump -sass; addresses and encodings dropped): their number
+    and a sha256 of the sequence, so that two builds compare without keeping their listings."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(compiled.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+    ins = [" ".join(m.group(1).split()) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
+    return dict(instructions=len(ins), sha256=hashlib.sha256("\n".join(ins).encode()).hexdigest())
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dims", type=int, nargs="+", default=[128], help="K = V values to compile for")
     parser.add_argument("--dtypes", nargs="+", default=["bf16"], help="input dtypes: bf16 fp16 fp32")
     parser.add_argument("--arch", type=int, default=90)
+    parser.add_argument("--sass-out", help="write every build's SASS fingerprint (JSON) to this file")
+    parser.add_argument("--same-as", help="compare every build's SASS with a file that --sass-out wrote")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("compile_check compiles real kernels: unset TRITON_INTERPRET")
     import triton
     from triton.backends.compiler import GPUTarget
 
-    target, failures = GPUTarget("cuda", args.arch, 32), 0
+    target, failures, prints = GPUTarget("cuda", args.arch, 32), 0, {}
     print(f"triton {triton.__version__}, target sm_{args.arch}")
     for D in args.dims:
         for dtype in args.dtypes:
@@ -193,9 +220,26 @@ def main(argv=None):
                 over = shared > SHARED_LIMIT
                 failures += over
                 regs, stack = usage(compiled)
+                if args.sass_out or args.same_as:
+                    key = f"K=V={D} {dtype} {kernel.__name__} {json.dumps(constexprs, sort_keys=True, default=str)} {options}"
+                    prints[key] = sass_fingerprint(compiled)  # keyed by every constexpr: the label shows only some
                 print(f"{'FAIL' if over else 'ok  '} {label} shared {shared:6d} B  registers {regs:3d}  stack {stack:5d} B"
                       f"  {time.perf_counter() - t:4.1f}s", flush=True)
     print("all kernels compile" if not failures else f"{failures} kernel(s) failed")
+    if args.sass_out:
+        with open(args.sass_out, "w") as f:
+            json.dump(dict(triton=triton.__version__, arch=args.arch, builds=prints), f, indent=1)
+        print(f"wrote the SASS fingerprints of {len(prints)} builds to {args.sass_out}")
+    if args.same_as:
+        with open(args.same_as) as f:
+            old = json.load(f)["builds"]
+        moved = sorted(b for b in prints if b in old and old[b] != prints[b])
+        for b in moved:
+            print(f"SASS moved: {b} ({old[b]['instructions']} -> {prints[b]['instructions']} instructions)")
+        new, gone = sorted(prints.keys() - old.keys()), sorted(old.keys() - prints.keys())
+        print(f"the same SASS as {args.same_as}: {len(prints) - len(moved) - len(new)} of {len(prints)} builds; moved "
+              f"{len(moved)}, new {len(new)}, no longer built {len(gone)}")
+        failures += bool(moved or new or gone)
     return 1 if failures else 0
 
 

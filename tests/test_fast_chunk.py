@@ -1,6 +1,7 @@
 """osdn_fast.chunk_osdn (Triton, run in the CPU interpreter without a GPU) against osdn_ref.chunk_osdn in
 float64: the output, both final states and the gradient of every differentiable input (q, k, v, β, g, r,
 S0, d0, η) — fixed length and packed variable-length sequences — plus the input checks of SPEC §4."""
+import json
 import os
 import subprocess
 import sys
@@ -313,14 +314,27 @@ def test_kda_gate_not_implemented():
         osdn_fast.chunk_osdn(q, k, v, beta, eta=0.1, g=-torch.rand(1, 4, 2, 8))
 
 
-def test_kernels_compile_for_h200():
+def test_kernels_compile_for_h200(tmp_path):
     """Every phase-1 and phase-2 kernel compiles ahead of time for sm_90 (the H200) with the installed Triton, within
-    shared memory: benchmarks/compile_check.py in a subprocess, outside the interpreter."""
+    shared memory: benchmarks/compile_check.py in a subprocess, outside the interpreter. Its SASS fingerprints
+    (--sass-out) then tell a second run (--same-as) which builds moved: here exactly the one whose recorded
+    fingerprint was altered."""
     env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     root = Path(__file__).resolve().parents[1]
-    res = subprocess.run([sys.executable, str(root / "benchmarks" / "compile_check.py"), "--dims", "128"],
-                         cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+    prints = tmp_path / "sass.json"
+    run = lambda *extra: subprocess.run([sys.executable, str(root / "benchmarks" / "compile_check.py"), "--dims", "128",  # noqa: E731
+                                         *extra], cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+    res = run("--sass-out", str(prints))
     assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    recorded = json.loads(prints.read_text())
+    builds = recorded["builds"]
+    assert len(builds) > 40 and all(b["instructions"] > 0 and len(b["sha256"]) == 64 for b in builds.values())
+    altered = sorted(builds)[0]
+    builds[altered]["sha256"] = "0" * 64
+    prints.write_text(json.dumps(recorded))
+    res = run("--same-as", str(prints))
+    assert res.returncode == 1 and res.stdout.count("SASS moved: ") == 1 and f"SASS moved: {altered} (" in res.stdout
+    assert f"{len(builds) - 1} of {len(builds)} builds; moved 1, new 0, no longer built 0" in res.stdout
 
 
 @pytest.mark.parametrize("B,T,C", [(1, 1, 16), (3, 64, 64), (2, 100, 32), (4, 17, 16)])
