@@ -19,6 +19,8 @@ kernels (fla's backward at D = 128: `benchmarks/profile_op.py`) is timed by its 
 captured (OSDN's backward with the clip reads a device flag on the host) gets NaN and the reason in `graph_note`.
 
     python benchmarks/bench_suite.py --out $OUT            # on the GPU
+    python benchmarks/bench_suite.py --cudagraph --resume part1/bench_suite.json --out $OUT   # go on from a run
+        # that a call's time limit cut: its shapes are kept, not re-timed (the settings must match)
     TRITON_INTERPRET=1 python benchmarks/bench_suite.py --smoke --out /tmp/bench   # script check on CPU
 """
 from __future__ import annotations
@@ -274,6 +276,8 @@ def main(argv=None):
                     help="also time every call replayed from a CUDA graph (graph_ms: GPU time without host gaps)")
     ap.add_argument("--variants", help="comma-separated OSDN variants to time (default: all); fla's chunk_delta_rule "
                                        "and the T sweep always run, fla's gated rule only with all variants")
+    ap.add_argument("--resume", help="a bench_suite.json cut short: keep its rows and time only the shapes it lacks "
+                                     "(its GPU, versions, dtype, tuning, variants and --cudagraph must be this run's)")
     args = ap.parse_args(argv)
     variants = args.variants.split(",") if args.variants else None
     if variants and not set(variants) <= set(osdn_variants()):
@@ -307,17 +311,33 @@ def main(argv=None):
         timing="triton.testing.do_bench, median, warmup 25 ms, rep 100 ms (osdn_ref: one call per mode, T <= 4096)",
         tuning=copy.deepcopy(TUNING), variants=variants or list(osdn_variants()), cudagraph=args.cudagraph,
     )
-    rows = []
+    rows = resumed_rows(args.resume, meta) if args.resume else []
+    done = {(r["shape"], r["sweep"]) for r in rows}
     plan = [(shape, False) for shape in (SMOKE_SHAPES if args.smoke else SHAPES)]
     plan += [(shape, True) for shape in (SMOKE_SHAPES if args.smoke else T_SWEEP)]
-    for i, (shape, sweep) in enumerate(plan):
+    todo = [(shape, sweep) for shape, sweep in plan if ("x".join(map(str, shape)), sweep) not in done]
+    for i, (shape, sweep) in enumerate(todo):
         new = []
         bench_shape(shape, dtype, device, args.smoke, have_fla, new, sweep_only=sweep, variants=variants,
                     cudagraph=args.cudagraph)
         for r in new:
             r["sweep"] = sweep
         rows += new
-        write(args.out, meta, rows, complete=i == len(plan) - 1)
+        write(args.out, meta, rows, complete=i == len(todo) - 1)
+    if not todo:
+        write(args.out, meta, rows, complete=True)
+
+
+def resumed_rows(path, meta):
+    """The rows of an earlier run of the same settings; `meta` gains `resumed_from` (its date, command, copy ceiling)."""
+    with open(path) as f:
+        earlier = json.load(f)
+    same = ("gpu", "torch", "triton", "fla", "dtype", "tuning", "variants", "cudagraph")
+    differ = [key for key in same if earlier["meta"].get(key) != meta[key]]
+    if differ:
+        raise ValueError(f"--resume: {path} was run with other {differ}; its rows cannot join this run's")
+    meta["resumed_from"] = {key: earlier["meta"][key] for key in ("date", "command", "copy_ceiling_gbs")}
+    return earlier["rows"]
 
 
 def write(out, meta, rows, complete):

@@ -17,6 +17,8 @@
 #       cold machine the 875 rows took ~470 s and a 475-s limit cut the timings after them (2026-11-30);
 #       VALIDATE_ARGS=--no-timing checks the rows only (a file without timings does not pass the data tests)
 #   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
+#   STEPS=bench BENCH_ARGS="--cudagraph --resume .work/suite/bench_suite.json" BENCH_S=570 bash benchmarks/gpu_session.sh
+#       (carry .work/suite, the files of a call whose limit cut the suite: the next call times only what it lacks)
 #   STEPS=profile SWEEP_S=60 PROFILE_ARGS="--shape 1x16384x16x128 --stages state_fwd,state_bwd" bash benchmarks/gpu_session.sh
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)

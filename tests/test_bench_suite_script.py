@@ -7,15 +7,28 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_smoke_run_writes_every_row(tmp_path):
+def smoke(out, *extra):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_suite.py"), "--smoke", "--cudagraph",
-                          "--out", str(tmp_path)],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    return subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_suite.py"), "--smoke", "--cudagraph",
+                           "--out", str(out), *extra],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("suite")
+    res = smoke(out)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return out
+
+
+def test_smoke_run_writes_every_row(smoke_run):
+    tmp_path = smoke_run
     result = json.loads((tmp_path / "bench_suite.json").read_text())
     assert result["complete"] and (tmp_path / "bench_suite.csv").exists()
     impls = {(r["impl"], r["mode"]) for r in result["rows"]}
@@ -31,3 +44,25 @@ def test_smoke_run_writes_every_row(tmp_path):
     assert result["meta"]["cudagraph"]
     for r in result["rows"]:  # every timed row has its CUDA-graph column (NaN on the CPU, with the reason)
         assert r["impl"] == "osdn_ref" or ("graph_ms" in r and r["graph_note"]), r
+
+
+def test_resume_keeps_the_rows_of_a_cut_run_and_times_the_rest(smoke_run, tmp_path):
+    """A run cut after its first shape (as a call's time limit cuts it) goes on with --resume: the kept rows are
+    carried over unchanged, only the missing shapes are timed, and settings that differ are refused."""
+    full = json.loads((smoke_run / "bench_suite.json").read_text())
+    cut = dict(full, complete=False, rows=[r for r in full["rows"] if not r["sweep"]])
+    assert cut["rows"] and len(cut["rows"]) < len(full["rows"])
+    (tmp_path / "cut.json").write_text(json.dumps(cut))
+    res = smoke(tmp_path / "out", "--resume", str(tmp_path / "cut.json"))
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    resumed = json.loads((tmp_path / "out" / "bench_suite.json").read_text())
+    assert resumed["complete"] and resumed["meta"]["resumed_from"]["date"] == full["meta"]["date"]
+    assert resumed["rows"][:len(cut["rows"])] == cut["rows"]
+    new = resumed["rows"][len(cut["rows"]):]
+    assert new and all(r["sweep"] for r in new)
+    assert {(r["impl"], r["mode"]) for r in new} == {(r["impl"], r["mode"]) for r in full["rows"] if r["sweep"]}
+
+    other = dict(cut, meta=dict(cut["meta"], cudagraph=False))
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    res = smoke(tmp_path / "refused", "--resume", str(tmp_path / "other.json"))
+    assert res.returncode != 0 and "--resume" in res.stderr and "cudagraph" in res.stderr
