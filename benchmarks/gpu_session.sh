@@ -5,7 +5,8 @@
 # next. Data files and one log (logs.txt) go to $OUT: at most 7 files, under the tool's 8.
 # STEPS picks the steps, in this order: validate, pytest (the CUDA run of the phase-1 form tests), phase1
 # (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile (profile_phase2.py: kernels and launch
-# sweeps), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's).
+# sweeps), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), memory
+# (memory_peak.py: what is alive at the peak of one forward+backward).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
 #   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
@@ -46,5 +47,6 @@ has phase1 && step phase1 "${PHASE1_S:-90}" python3 benchmarks/bench_phase1.py -
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
 has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}" ${PROFILE_ARGS:-}
 has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}
+has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
 rm -f "$OUT/tuning.json"  # a sweep's pick is read from profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80

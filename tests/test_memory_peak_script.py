@@ -1,0 +1,44 @@
+"""benchmarks/memory_peak.py replays an allocator trace to its peak and names who allocated what was alive there:
+the replay and the grouping, on a hand-made trace (the trace itself needs a GPU)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+spec = importlib.util.spec_from_file_location("memory_peak", ROOT / "benchmarks" / "memory_peak.py")
+memory_peak = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(memory_peak)
+
+
+def frame(path, line, name):
+    return {"filename": path, "line": line, "name": name}
+
+
+TORCH = frame("/usr/lib/python3/site-packages/torch/autograd/graph.py", 10, "backward")
+WY = frame("/root/repo/osdn_fast/ops/wy.py", 162, "wy_bwd")
+OUT = frame("/root/repo/osdn_fast/ops/output.py", 144, "output_bwd")
+
+
+def ev(action, addr, size, *frames):
+    return {"action": action, "addr": addr, "size": size, "frames": list(frames)}
+
+
+def test_the_peak_is_the_most_bytes_alive_and_its_blocks():
+    events = [ev("alloc", 1, 100, TORCH, OUT), ev("alloc", 2, 300, WY), ev("free_requested", 1, 100),
+              ev("free_completed", 1, 100), ev("alloc", 3, 250, WY),       # 550 alive
+              ev("free_completed", 9, 999),                                  # allocated before the trace: ignored
+              ev("alloc", 4, 50, TORCH), ev("free_completed", 2, 300), ev("alloc", 5, 10, OUT)]  # peak 600
+    peak, blocks = memory_peak.live_at_peak(events)
+    assert peak == 600 and sorted(b["addr"] for b in blocks) == [2, 3, 4]
+    groups = memory_peak.by_site(blocks, unit=100)
+    assert [(g["site"], g["blocks"]) for g in groups] == [("osdn_fast/ops/wy.py:162 wy_bwd", 2),
+                                                          ("(torch internals)", 1)]
+    assert groups[0]["units"] == pytest.approx(5.5) and groups[0]["mib"] == pytest.approx(550 / 2**20)
+
+
+def test_the_site_is_the_innermost_frame_of_ours_or_fla():
+    fla = frame("/tmp/site/fla/ops/delta_rule/chunk.py", 77, "chunk_delta_rule_bwd")
+    assert memory_peak.site([TORCH, fla, WY]) == "fla/ops/delta_rule/chunk.py:77 chunk_delta_rule_bwd"
+    assert memory_peak.site([OUT, WY]) == "osdn_fast/ops/output.py:144 output_bwd"
+    assert memory_peak.site([TORCH]) == "(torch internals)"
