@@ -257,9 +257,11 @@ def summarise(rows):
     return out
 
 
-def fit_slope(rows, impl, mode):
-    pts = [(math.log(r["T"]), math.log(r["ms"])) for r in rows
-           if r["impl"] == impl and r["mode"] == mode and r.get("sweep") and r["ms"] == r["ms"]]
+def fit_slope(rows, impl, mode, field="ms"):
+    """Least-squares slope of log(time) against log(T) over the sweep's rows that have `field` (ms: the do_bench
+    medians; graph_ms: GPU time, which small T needs: there fla's medians are mostly host time)."""
+    pts = [(math.log(r["T"]), math.log(r[field])) for r in rows
+           if r["impl"] == impl and r["mode"] == mode and r.get("sweep") and r.get(field, math.nan) == r.get(field)]
     if len(pts) < 2:
         return None
     mx = sum(p[0] for p in pts) / len(pts)
@@ -329,7 +331,8 @@ def main(argv=None):
 
 
 def resumed_rows(path, meta):
-    """The rows of an earlier run of the same settings; `meta` gains `resumed_from` (its date, command, copy ceiling)."""
+    """The rows of an earlier run of the same settings; `meta` gains `resumed_from` (that run's date, command and copy
+    ceiling)."""
     with open(path) as f:
         earlier = json.load(f)
     same = ("gpu", "torch", "triton", "fla", "dtype", "tuning", "variants", "cudagraph")
@@ -342,9 +345,11 @@ def resumed_rows(path, meta):
 
 def write(out, meta, rows, complete):
     """Rewrite the JSON and CSV after every shape, so a run cut short keeps what it measured."""
-    slopes = {f"{impl}/{mode}": fit_slope(rows, impl, mode)
-              for impl in ("osdn_clip", "fla_delta_rule") for mode in ("fwd", "fwdbwd")}
-    result = dict(meta=meta, complete=complete, rows=rows, summary=summarise(rows), t_sweep_loglog_slope=slopes)
+    slopes, graph_slopes = ({f"{impl}/{mode}": fit_slope(rows, impl, mode, field)
+                             for impl in ("osdn_clip", "fla_delta_rule") for mode in ("fwd", "fwdbwd")}
+                            for field in ("ms", "graph_ms"))
+    result = dict(meta=meta, complete=complete, rows=rows, summary=summarise(rows), t_sweep_loglog_slope=slopes,
+                  t_sweep_loglog_slope_graph=graph_slopes)
     with open(os.path.join(out, "bench_suite.json"), "w") as f:
         json.dump(result, f, indent=1)
     with open(os.path.join(out, "bench_suite.csv"), "w", newline="") as f:
@@ -354,7 +359,7 @@ def write(out, meta, rows, complete):
     if not complete:
         return
     print(json.dumps(meta))
-    print("T-sweep log-log slopes:", json.dumps(slopes))
+    print("T-sweep log-log slopes, medians:", json.dumps(slopes), "GPU time:", json.dumps(graph_slopes))
     for s in result["summary"]:
         if s["vs_fla_delta_rule"] is not None:
             graph = f"  (CUDA graphs: x{s['graph_vs_fla_delta_rule']:.2f})" if "graph_vs_fla_delta_rule" in s else ""

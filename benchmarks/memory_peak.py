@@ -109,9 +109,11 @@ def main(argv=None):
                 call = lambda x=x, extra=extra: osdn_fast.chunk_osdn(**x, eta=0.003, **extra)[0]  # noqa: E731
             row = dict(shape=shape, op=name, unit_mib=unit / 2**20, **traced_peak(call, do, unit))
             rows.append(row)
-            print(f"{shape:>16} {name:<15} peak {row['peak_mib']:7.1f} MiB (trace {row['trace_peak_mib']:7.1f})", flush=True)
+            print(f"{shape:>16} {name:<15} peak {row['peak_mib']:7.1f} MiB (trace {row['trace_peak_mib']:7.1f})",
+                  flush=True)
             for g in row["live"][:12]:
-                print(f"{'':>18}{g['mib']:8.1f} MiB {g['units']:5.2f} units {g['blocks']:3d} blocks  {g['site']}", flush=True)
+                print(f"{'':>18}{g['mib']:8.1f} MiB {g['units']:5.2f} units {g['blocks']:3d} blocks  {g['site']}",
+                      flush=True)
             del x, do
             torch.cuda.empty_cache()
     result = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),

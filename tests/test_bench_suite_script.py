@@ -2,6 +2,7 @@
 so a broken script is found here rather than in a GPU call; its JSON lists every implementation it promises."""
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -42,6 +43,7 @@ def test_smoke_run_writes_every_row(smoke_run):
         assert {(name, "fwd"), (name, "fwdbwd")} <= impls, name
     assert result["meta"]["tuning"] and result["meta"]["date"]  # the launch settings and the date are recorded
     assert result["meta"]["cudagraph"]
+    assert set(result["t_sweep_loglog_slope_graph"]) == set(result["t_sweep_loglog_slope"])  # None here: no GPU time
     for r in result["rows"]:  # every timed row has its CUDA-graph column (NaN on the CPU, with the reason)
         assert r["impl"] == "osdn_ref" or ("graph_ms" in r and r["graph_note"]), r
 
@@ -66,3 +68,20 @@ def test_resume_keeps_the_rows_of_a_cut_run_and_times_the_rest(smoke_run, tmp_pa
     (tmp_path / "other.json").write_text(json.dumps(other))
     res = smoke(tmp_path / "refused", "--resume", str(tmp_path / "other.json"))
     assert res.returncode != 0 and "--resume" in res.stderr and "cudagraph" in res.stderr
+
+
+def test_the_sweep_slope_of_each_time_field():
+    """fit_slope fits log(time) against log(T) over the sweep's rows of one field; NaN rows and the main shapes' rows
+    are left out, and fewer than two points give None."""
+    spec = importlib.util.spec_from_file_location("bench_suite", ROOT / "benchmarks" / "bench_suite.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+
+    def row(T, ms, graph, sweep=True):
+        return dict(T=T, impl="osdn_clip", mode="fwd", sweep=sweep, ms=ms, graph_ms=graph)
+
+    rows = [row(1024, 3.0, 0.1), row(2048, 3.0, 0.2), row(4096, 3.0, 0.4), row(8192, 9.0, float("nan")),
+            row(16384, 99.0, 99.0, sweep=False)]
+    assert bench.fit_slope(rows, "osdn_clip", "fwd", "graph_ms") == pytest.approx(1.0)
+    assert bench.fit_slope(rows, "osdn_clip", "fwd") == pytest.approx(0.3 * math.log(3) / math.log(2))
+    assert bench.fit_slope(rows[:1], "osdn_clip", "fwd") is None
