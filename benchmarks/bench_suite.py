@@ -261,7 +261,7 @@ def fit_slope(rows, impl, mode, field="ms"):
     """Least-squares slope of log(time) against log(T) over the sweep's rows that have `field` (ms: the do_bench
     medians; graph_ms: GPU time, which small T needs: there fla's medians are mostly host time)."""
     pts = [(math.log(r["T"]), math.log(r[field])) for r in rows
-           if r["impl"] == impl and r["mode"] == mode and r.get("sweep") and r.get(field, math.nan) == r.get(field)]
+           if r["impl"] == impl and r["mode"] == mode and r.get("sweep") and field in r and r[field] == r[field]]
     if len(pts) < 2:
         return None
     mx = sum(p[0] for p in pts) / len(pts)
