@@ -53,12 +53,15 @@ def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, 
     NT = chunk_indices.shape[0]
     BK, BV = block_dims(k.shape[-1], v.shape[-1])
     G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, C)
+    # each buffer is released at its last use (`del`): the peak is then output_bwd's, not wy_bwd's (NOTES, v16)
     _, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, C, BK, BV, Ainv=Ainv)
     h, ubar, _ = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, NT, C, BK, BV, False)
-
+    del u
     du_local = output_bwd_local(q, kt, G, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
     dh, du, dS0 = state_bwd(q, kt, w, G, do, du_local, dS_final, scale, cu_seqlens, chunk_offsets, NT, C, BK, BV)
+    del w, du_local
     dq, dkt, dw, dG = output_bwd(q, kt, G, h, dh, ubar, du, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
+    del h, ubar, dh
     dk, dkt, dv, dbeta, dG = wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt, dG, cu_seqlens, chunk_indices, C, BK, BV)
     dg = None if g is None else chunk_cumsum(dG, cu_seqlens, chunk_indices, C, reverse=True).to(g.dtype)
     return dq, dk, dkt, dv, dbeta, dg, dS0

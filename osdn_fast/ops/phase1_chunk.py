@@ -851,14 +851,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     hg = torch.empty(NC, H, K, **f32)
     p = torch.empty(B, T, H, **f32)
     lam_end = torch.empty(NC, H, K, **f32)
-    dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
-    if fused:
-        dbeta = torch.empty_like(beta)
-    else:
-        dbeta = torch.empty(B, T, H, **f32) if beta_aware else torch.zeros(B, T, H, **f32)
-    dr = torch.empty(B, T, H, **f32) if r is not None else None
     dd0 = torch.empty(N, H, K, **f32)
-    deta = torch.empty(B, T, H, **f32)
     inv = _inverse(solver, inverse, prep, cu_seqlens, gains, flags, solve)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
@@ -873,6 +866,15 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         x_grp, gseq, gfirst, T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags, G=group or 0,
         **_chain_launch("bwd_state", C, BK),
     )
+    # the chain's C×C maps are read no more: released before the outputs are allocated (the peak at K = 64, NOTES)
+    del tp, pg, hg, inv, x_grp
+    dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
+    if fused:
+        dbeta = torch.empty_like(beta)
+    else:
+        dbeta = torch.empty(B, T, H, **f32) if beta_aware else torch.zeros(B, T, H, **f32)
+    dr = torch.empty(B, T, H, **f32) if r is not None else None
+    deta = torch.empty(B, T, H, **f32)
     phase1_chunk_bwd_out_kernel[(NC, H)](
         k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, *(stats if stats is not None else (p, p)), dk,
         dbeta, dr if dr is not None else dbeta, deta, dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS,

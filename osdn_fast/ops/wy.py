@@ -155,11 +155,11 @@ def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV, Ain
 
 def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_indices, chunk_size, BK, BV):
     """(∂k, ∂k̃, ∂β, ∂G in float32: this stage's terms plus the carried-in ∂k̃ and ∂G, to be summed on; ∂v, final, in
-    v's dtype)."""
+    v's dtype). ∂k̃ is summed in place into `dkt_in` (float32): each program reads its tile before writing it."""
     _, T, H, K = k.shape
     V = v.shape[-1]
     f32 = dict(dtype=torch.float32, device=k.device)
-    dk, dkt = torch.empty(1, T, H, K, **f32), torch.empty(1, T, H, K, **f32)
+    dk, dkt = torch.empty(1, T, H, K, **f32), dkt_in
     dv = torch.empty(1, T, H, V, dtype=v.dtype, device=v.device)
     dbeta = torch.empty(1, T, H, **f32)
     dg = torch.empty(1, T, H, **f32) if G is not None else None
