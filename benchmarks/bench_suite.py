@@ -141,7 +141,7 @@ def min_bytes(B, T, H, D, bwd, elem=2):
 def phase1_form_used(x, eta, extra):
     """The phase-1 form chunk_osdn runs on these inputs ("chunked" or "sequential", chunk.phase1_fwd's choice,
     after the clip check: a speculation the clip contradicts is redone sequentially)."""
-    from osdn_fast.ops.chunk import ClipFlag, phase1_fwd
+    from osdn_fast.ops.chunk import phase1_fwd
 
     H = x["k"].shape[2]
     p1 = dict(d_min=extra.get("d_min"), d_max=extra.get("d_max"), beta_aware=True, normalize=True)
@@ -149,7 +149,7 @@ def phase1_form_used(x, eta, extra):
         form, *_, outside, _, _ = phase1_fwd(x["k"], x["beta"], x["r"], None, torch.full((H,), eta, device=x["k"].device),
                                           None, p1)
     if form == "speculative":
-        form = "sequential" if ClipFlag(outside).clip_acted() else "chunked"
+        form = "sequential" if outside.item() else "chunked"
     return form
 
 

@@ -123,7 +123,7 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     converge; its backward is the same in reverse (`phase1_bwd_newton_guarded`). The chunk form runs without the
     clip and flags (`outside`, int32 [1] on the device) any d that leaves [d_min, d_max]: the clip would have
     acted there, so the sequential scan, launched behind it, then redoes the call in place; otherwise its programs
-    return at once. The host learns which happened only in the backward (`clip_acted`): no synchronisation here.
+    return at once. The backward reads the same flag on the device (`phase1_bwd_speculative_guarded`), never the host.
     form: "sequential", "newton", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides).
     Without `store_d` (no backward will follow) d_all is not written and comes back None. P and stats: the chunk
     form's (I + L)⁻¹ (chunk_inverses) and per-token s_t, ‖k_t‖² (phase1_fwd_chunk's `stats`), kept for its backward
@@ -170,23 +170,21 @@ def phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phas
     return dk, dbeta, dr, dd0, deta[None]
 
 
-class ClipFlag:
-    """`outside` copied to the host without blocking (pinned memory and an event on CUDA), read in the backward:
-    by then the copy is long done, and waiting on its event does not drain the stream."""
-
-    def __init__(self, outside: torch.Tensor):
-        if outside.is_cuda:
-            self.host = torch.empty(1, dtype=outside.dtype, pin_memory=True)
-            self.host.copy_(outside, non_blocking=True)
-            self.event = torch.cuda.Event()
-            self.event.record()
-        else:
-            self.host, self.event = outside.clone(), None
-
-    def clip_acted(self) -> bool:
-        if self.event is not None:
-            self.event.synchronize()
-        return bool(self.host[0])
+def phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1, outside, inv,
+                                   stats):
+    """The backward after the speculative forward: the chunk form's backward, then the sequential reverse scan into
+    the same outputs, guarded by the forward's `outside` flag to run only if the clip acted (then the forward was
+    redone by the scan and d_all is the clipped one). No host synchronisation, so it can be captured in a CUDA graph.
+    (dk, dbeta, dr, dd0, deta [1, H])."""
+    dk, dbeta, dr, dd0, deta_chunks = phase1_bwd_chunk(
+        k, beta, r, eta, d_all, None, dd_final, beta_aware=p1["beta_aware"], normalize=p1["normalize"],
+        cu_seqlens=cu_seqlens, phase2_grads=phase2_grads, inverse=inv, group=phase1_group(k, cu_seqlens),
+        stats=stats, **PHASE1_CHUNKED)
+    deta_seq = torch.empty(dd0.shape[:2], dtype=torch.float32, device=k.device)
+    phase1_bwd_seq(k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
+                   out=(dk, dbeta, dr, dd0, deta_seq), only_if=outside, **p1)
+    deta = torch.where(outside.bool(), deta_seq.sum(0), deta_chunks.sum(0))  # the unchosen side may be garbage
+    return dk, dbeta, dr, dd0, deta[None]
 
 
 class ChunkOSDN(torch.autograd.Function):
@@ -204,7 +202,6 @@ class ChunkOSDN(torch.autograd.Function):
         B, T = k.shape[:2]
         ctx.p1_form, d_all, d_final, kt, outside, p1_inv, p1_stats = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1,
                                                                       store_d=store_d)
-        ctx.p1_flag = ClipFlag(outside) if outside is not None else None
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
         else:
@@ -212,26 +209,29 @@ class ChunkOSDN(torch.autograd.Function):
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         o, S_final, Ainv = phase2_fwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, scale,
                                       output_final_state, chunk_size, layout)
-        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, Ainv,
-                              *layout)
+        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, outside,
+                              Ainv, *layout)
         ctx.p1, ctx.scale, ctx.chunk_size = p1, scale, chunk_size
         ctx.set_materialize_grads(False)
         return o.reshape(v.shape), S_final, d_final
 
     @staticmethod
     def backward(ctx, do, dS_final, dd_final):
-        q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, Ainv, *layout = ctx.saved_tensors
+        (q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, outside, Ainv,
+         *layout) = ctx.saved_tensors
         B, T = k.shape[:2]
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
                                                        pk(do), dS_final, ctx.scale, ctx.chunk_size, layout)
         dd_final = None if dd_final is None else dd_final.float().contiguous()
         form = ctx.p1_form
-        if form == "speculative":
-            form = "sequential" if ctx.p1_flag.clip_acted() else "chunked"
         if form == "newton":
             dk, dbeta, dr, dd0, deta = phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens,
                                                                  (dkt, dk2, dbeta2), ctx.p1)
+        elif form == "speculative":
+            dk, dbeta, dr, dd0, deta = phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens,
+                                                                      (dkt, dk2, dbeta2), ctx.p1, outside, p1_inv,
+                                                                      p1_stats)
         elif form == "chunked":
             dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
                 k, beta, r, eta, d_all, None, dd_final, beta_aware=ctx.p1["beta_aware"],
