@@ -247,6 +247,13 @@ def phase1_chunk_state_kernel(
 
 
 @triton.jit
+def _flag_if_any(flag, marks):
+    """flag[0] = 1 if any of the int32 `marks` is 1: one reduction, and an atomic only when there is something to set."""
+    hit = tl.max(tl.max(marks, axis=1), axis=0)
+    tl.atomic_max(flag, hit, mask=hit > 0)
+
+
+@triton.jit
 def phase1_chunk_out_kernel(
     k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all, kt_out, outside, s_out, asum_out,
     T, H, K, d_min, d_max,
@@ -257,7 +264,9 @@ def phase1_chunk_out_kernel(
     """Per chunk: d_{cs+i} = e^{γ_i} x_0 + Σ_{j<i} e^{γ_i − γ̄_j} u_j a_j, in blocks of KB channels, stored if
     STORE_D. STORE_KT also writes k̃ = d ⊙ k (k's dtype); HAS_MIN / HAS_MAX set `outside` to 1 if any d_t leaves
     [d_min, d_max]; STORE_STATS writes each token's s_t = ⟨d_t, a_t⟩ and ‖k_t‖² to `s_out` and `asum_out`
-    ([B·T, H] each), which the backward's output kernel would otherwise form again from k and d_all."""
+    ([B·T, H] each), which the backward's output kernel would otherwise form again from k and d_all. The bounds are
+    checked per element and reduced once per program, which writes `outside` only if a value left them: an idle
+    clip costs no atomic (version 16 made two per key block, all on one address)."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -271,6 +280,7 @@ def phase1_chunk_out_kernel(
     m = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * uc[None, :]
     s = tl.zeros([C], dtype=tl.float32)
     a_sum = tl.zeros([C], dtype=tl.float32)
+    out_of_bounds = tl.zeros([C, KB], dtype=tl.int32)
     for k0 in range(0, BK, KB):
         offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
@@ -284,9 +294,13 @@ def phase1_chunk_out_kernel(
         if STORE_KT:
             tl.store(kt_out + ptr, (d * kb).to(kt_out.dtype.element_ty), mask=m2)
         if HAS_MIN:
-            tl.atomic_max(outside, tl.max(tl.max(tl.where(m2 & (d < d_min), 1, 0), axis=1), axis=0))
+            out_of_bounds = tl.where(m2 & (d < d_min), 1, out_of_bounds)
         if HAS_MAX:
-            tl.atomic_max(outside, tl.max(tl.max(tl.where(m2 & (d > d_max), 1, 0), axis=1), axis=0))
+            out_of_bounds = tl.where(m2 & (d > d_max), 1, out_of_bounds)
+    if HAS_MIN:
+        _flag_if_any(outside, out_of_bounds)
+    elif HAS_MAX:
+        _flag_if_any(outside, out_of_bounds)
     if STORE_STATS:
         tl.store(s_out + t * H + h, s, mask=valid)
         tl.store(asum_out + t * H + h, a_sum, mask=valid)
