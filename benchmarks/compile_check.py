@@ -111,6 +111,8 @@ def chunked_phase1_jobs(BK):
             (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=False)))] + [
         job for G in (0, 16) for job in (  # the chains, one chunk at a time and replaying groups of 16
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), chk._chain_launch("state", C, BK)),
+            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G, HAS_MIN=True, HAS_MAX=True), (),
+             chk._chain_launch("state", C, BK)),  # the speculative forward's: it also checks the final d
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True, G=G), (),
              chk._chain_launch("bwd_state", C, BK)))] + [
         (chk.phase1_chunk_group_map_kernel, dict(flags, G=16, PREC=solve["PREC"], REVERSE=reverse, BN=map_bn,
@@ -131,11 +133,15 @@ def signature(kernel, constexprs, none_args, dtype):
     """Argument types: INPUT_DTYPE pointers in `dtype`, indices int32, the rest float32 pointers; and the attributes
     that Triton's launcher gives them at the shapes compiled here: every pointer 16-byte aligned and T, H, K multiples
     of 16 (`tt.divisibility` 16). Without them the compiler cannot prove a row aligned and emits scalar loads where
-    the GPU's binary has vector loads (benchmarks/NOTES.md, version 13)."""
+    the GPU's binary has vector loads (benchmarks/NOTES.md, version 13). A constexpr left out takes its default, as
+    at a launch that does not pass it."""
     types, consts, attrs = {}, {}, {}
-    for i, name in enumerate(kernel.arg_names):
+    for i, (name, param) in enumerate(zip(kernel.arg_names, kernel.params)):
         if name in constexprs or name in none_args:
             types[name], consts[name] = "constexpr", constexprs.get(name)
+            continue
+        if param.is_constexpr and param.has_default:
+            types[name], consts[name] = "constexpr", param.default
             continue
         if name in ("H", "T", "K"):
             types[name] = "i32"

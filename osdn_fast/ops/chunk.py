@@ -170,16 +170,22 @@ def phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phas
     return dk, dbeta, dr, dd0, deta[None]
 
 
+def phase1_bwd_chunked(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1, inv, stats):
+    """The backward after the chunk form's forward (phase1_bwd_chunk with the forward's inverses and stats):
+    (dk, dbeta, dr, dd0, deta [B, T, H])."""
+    return phase1_bwd_chunk(k, beta, r, eta, d_all, None, dd_final, beta_aware=p1["beta_aware"],
+                            normalize=p1["normalize"], cu_seqlens=cu_seqlens, phase2_grads=phase2_grads, inverse=inv,
+                            group=phase1_group(k, cu_seqlens), stats=stats, **PHASE1_CHUNKED)
+
+
 def phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1, outside, inv,
                                    stats):
     """The backward after the speculative forward: the chunk form's backward, then the sequential reverse scan into
     the same outputs, guarded by the forward's `outside` flag to run only if the clip acted (then the forward was
     redone by the scan and d_all is the clipped one). No host synchronisation, so it can be captured in a CUDA graph.
     (dk, dbeta, dr, dd0, deta [1, H])."""
-    dk, dbeta, dr, dd0, deta_chunks = phase1_bwd_chunk(
-        k, beta, r, eta, d_all, None, dd_final, beta_aware=p1["beta_aware"], normalize=p1["normalize"],
-        cu_seqlens=cu_seqlens, phase2_grads=phase2_grads, inverse=inv, group=phase1_group(k, cu_seqlens),
-        stats=stats, **PHASE1_CHUNKED)
+    dk, dbeta, dr, dd0, deta_chunks = phase1_bwd_chunked(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads,
+                                                         p1, inv, stats)
     deta_seq = torch.empty(dd0.shape[:2], dtype=torch.float32, device=k.device)
     phase1_bwd_seq(k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
                    out=(dk, dbeta, dr, dd0, deta_seq), only_if=outside, **p1)
@@ -233,10 +239,8 @@ class ChunkOSDN(torch.autograd.Function):
                                                                       (dkt, dk2, dbeta2), ctx.p1, outside, p1_inv,
                                                                       p1_stats)
         elif form == "chunked":
-            dk, dbeta, dr, dd0, deta = phase1_bwd_chunk(
-                k, beta, r, eta, d_all, None, dd_final, beta_aware=ctx.p1["beta_aware"],
-                normalize=ctx.p1["normalize"], cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),
-                inverse=p1_inv, group=phase1_group(k, cu_seqlens), stats=p1_stats, **PHASE1_CHUNKED)
+            dk, dbeta, dr, dd0, deta = phase1_bwd_chunked(k, beta, r, eta, d_all, dd_final, cu_seqlens,
+                                                          (dkt, dk2, dbeta2), ctx.p1, p1_inv, p1_stats)
         else:
             dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
                 k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),

@@ -201,12 +201,14 @@ def phase1_chunk_prep_kernel(
 @triton.jit
 def phase1_chunk_state_kernel(
     k, beta, r, d0, eta, chunk_offsets, cu_seqlens, tq, u0, u, x0, d_final, x_grp, group_seq, group_first,
-    T, H, K, eps,
+    T, H, K, eps, outside, d_min, d_max,
     HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
     IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
+    HAS_MIN: tl.constexpr = False, HAS_MAX: tl.constexpr = False,
 ):
     """Sequential over the chunks of (sequence n, head h): u = u⁰ − Tq (A x), x ← e^{γ_C} x + Aᵀ(e^{γ_C − γ̄} u).
-    G > 0: one program per group of G chunks instead, starting from its entry state x_grp (group_walk)."""
+    G > 0: one program per group of G chunks instead, starting from its entry state x_grp (group_walk).
+    HAS_MIN / HAS_MAX: set `outside` to 1 if the final d leaves [d_min, d_max] (the out kernel checks every d_t)."""
     h = tl.program_id(1)
     offs = tl.arange(0, BK)
     mask = offs < K
@@ -244,12 +246,26 @@ def phase1_chunk_state_kernel(
         x = tl.exp(g_end) * x + tl.sum((tl.exp(g_end - g_incl) * uc)[:, None] * a, axis=0)
     if hi == c_last:
         tl.store(d_final + (n * H + h) * K + offs, x, mask=mask)
+        if HAS_MIN or HAS_MAX:
+            _flag_if_any(outside, _out_of_bounds(x, mask, tl.zeros([BK], dtype=tl.int32), d_min, d_max,
+                                                 HAS_MIN, HAS_MAX))
+
+
+@triton.jit
+def _out_of_bounds(d, mask, marks, d_min, d_max, HAS_MIN: tl.constexpr, HAS_MAX: tl.constexpr):
+    """`marks` with a 1 wherever d (under `mask`) is below d_min (HAS_MIN) or above d_max (HAS_MAX)."""
+    if HAS_MIN:
+        marks = tl.where(mask & (d < d_min), 1, marks)
+    if HAS_MAX:
+        marks = tl.where(mask & (d > d_max), 1, marks)
+    return marks
 
 
 @triton.jit
 def _flag_if_any(flag, marks):
-    """flag[0] = 1 if any of the int32 `marks` is 1: one reduction, and an atomic only when there is something to set."""
-    hit = tl.max(tl.max(marks, axis=1), axis=0)
+    """flag[0] = 1 if any of the int32 `marks` [n] is 1: one reduction, and an atomic only when there is something
+    to set."""
+    hit = tl.max(marks, axis=0)
     tl.atomic_max(flag, hit, mask=hit > 0)
 
 
@@ -293,14 +309,9 @@ def phase1_chunk_out_kernel(
             tl.store(d_all + ptr, d, mask=m2)
         if STORE_KT:
             tl.store(kt_out + ptr, (d * kb).to(kt_out.dtype.element_ty), mask=m2)
-        if HAS_MIN:
-            out_of_bounds = tl.where(m2 & (d < d_min), 1, out_of_bounds)
-        if HAS_MAX:
-            out_of_bounds = tl.where(m2 & (d > d_max), 1, out_of_bounds)
-    if HAS_MIN:
-        _flag_if_any(outside, out_of_bounds)
-    elif HAS_MAX:
-        _flag_if_any(outside, out_of_bounds)
+        out_of_bounds = _out_of_bounds(d, m2, out_of_bounds, d_min, d_max, HAS_MIN, HAS_MAX)
+    if HAS_MIN or HAS_MAX:
+        _flag_if_any(outside, tl.max(out_of_bounds, axis=1))
     if STORE_STATS:
         tl.store(s_out + t * H + h, s, mask=valid)
         tl.store(asum_out + t * H + h, a_sum, mask=valid)
@@ -809,27 +820,24 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     if group:
         programs, x_grp, gseq, gfirst = _group_entries(prep, offsets, cu_seqlens, tq, u0, None, d0, d_final, group,
                                                        flags, gains, precision, reverse=False)
+    lo, hi = bounds if bounds is not None else (None, None)
+    outside = torch.zeros(1, dtype=torch.int32, device=k.device) if bounds is not None else None
+    limits = dict(d_min=0.0 if lo is None else float(lo), d_max=0.0 if hi is None else float(hi),
+                  HAS_MIN=lo is not None, HAS_MAX=hi is not None)
     phase1_chunk_state_kernel[(programs, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final, x_grp, gseq, gfirst,
-        T, H, K, EPS, HAS_D0=d0 is not None, **gains, **flags, G=group or 0, **_chain_launch("state", C, BK),
+        T, H, K, EPS, outside if bounds is not None else u, **limits, HAS_D0=d0 is not None, **gains, **flags,
+        G=group or 0, **_chain_launch("state", C, BK),
     )
-    lo, hi = bounds if bounds is not None else (None, None)
     kt = torch.empty_like(k) if store_kt else None
-    outside = torch.zeros(1, dtype=torch.int32, device=k.device) if bounds is not None else None
     phase1_chunk_out_kernel[(NC, H)](
         k, r_, seq, start, cu, u, x0, d_all if store_d else u, kt if store_kt else u,
-        outside if bounds is not None else u, *(stats if stats is not None else (u, u)), T, H, K,
-        0.0 if lo is None else float(lo), 0.0 if hi is None else float(hi), **flags, PREC=precision,
-        STORE_KT=store_kt, HAS_MIN=lo is not None, HAS_MAX=hi is not None, STORE_D=store_d,
-        STORE_STATS=stats is not None,
+        outside if bounds is not None else u, *(stats if stats is not None else (u, u)), T, H, K, **limits,
+        **flags, PREC=precision, STORE_KT=store_kt, STORE_D=store_d, STORE_STATS=stats is not None,
         **_parallel_launch("out", C, BK),
     )
     if not store_kt and bounds is None:
         return d_all, d_final
-    if lo is not None:
-        outside |= (d_final < lo).any()
-    if hi is not None:
-        outside |= (d_final > hi).any()
     return d_all, d_final, kt, outside
 
 
