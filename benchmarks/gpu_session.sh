@@ -5,7 +5,7 @@
 # next. Data files and one log (logs.txt) go to $OUT: at most 7 files, under the tool's 8.
 # STEPS picks the steps, in this order: validate, pytest (the CUDA run of the phase-1 form tests), phase1
 # (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile (profile_phase2.py: kernels and launch
-# sweeps), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), memory
+# sweeps), sweep_phase1 (profile_phase2.py's sweeps of phase 1's chunk-form kernels, into $OUT/walked, $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), memory
 # (memory_peak.py: what is alive at the peak of one forward+backward).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
@@ -21,6 +21,9 @@
 #   STEPS=bench BENCH_ARGS="--cudagraph --resume .work/suite/bench_suite.json" BENCH_S=570 bash benchmarks/gpu_session.sh
 #       (carry .work/suite, the files of a call whose limit cut the suite: the next call times only what it lacks)
 #   STEPS=profile SWEEP_S=60 PROFILE_ARGS="--shape 1x16384x16x128 --stages state_fwd,state_bwd" bash benchmarks/gpu_session.sh
+#   STEPS="sweep_phase1 profile_op" PROFILE_OP_ARGS='--ops osdn --tuning $OUT/grouped/tuning.json' bash benchmarks/gpu_session.sh
+#       (phase 1's chunk-form kernels swept at chunk_osdn's tiles: the walked chains' stages at (4, 4096), then the
+#       grouped chains' at (1, 16384) from the first sweep's pick, then the whole op with both picks; version 18)
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
 set -u
@@ -46,6 +49,14 @@ has phase1 && step phase1 "${PHASE1_S:-90}" python3 benchmarks/bench_phase1.py -
     ${PHASE1_ARGS:---newton --chunk-sizes 64 --solvers blockwise --precisions tf32}
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
 has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}" ${PROFILE_ARGS:-}
+if has sweep_phase1; then
+    step sweep_walked "${SWEEP_WALKED_S:-330}" python3 benchmarks/profile_phase2.py --out "$OUT/walked" --sweep-only \
+        --sweep-budget "$(( ${SWEEP_WALKED_S:-330} - 40 ))" --shape 4x4096x16x128 \
+        --stages phase1_bwd_out,phase1_bwd_state,phase1_bwd_prep,phase1_state,phase1_out,phase1_prep
+    step sweep_grouped "${SWEEP_GROUPED_S:-90}" python3 benchmarks/profile_phase2.py --out "$OUT/grouped" --sweep-only \
+        --sweep-budget "$(( ${SWEEP_GROUPED_S:-90} - 40 ))" --shape 1x16384x16x128 --tuning "$OUT/walked/tuning.json" \
+        --stages phase1_group_map,phase1_group_walk
+fi
 has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
 rm -f "$OUT/tuning.json"  # a sweep's pick is read from profile_phase2.json; keep the file count down

@@ -13,6 +13,7 @@ Writes profile_op.json into --out.
 
     python benchmarks/profile_op.py --out $OUT                                   # on the GPU
     python benchmarks/profile_op.py --out $OUT --shapes 1x16384x16x128 --ops osdn,osdn_apf_clip,fla_delta_rule
+    python benchmarks/profile_op.py --out $OUT --tuning sweep/tuning.json --ops osdn,fla_delta_rule   # a sweep's pick
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_suite import make_inputs, osdn_variants  # noqa: E402
-from profile_phase2 import kernel_table  # noqa: E402
+from profile_phase2 import apply_tuning, kernel_table  # noqa: E402
 
 SHAPES = ["8x2048x16x128", "4x4096x16x128", "1x16384x16x128", "2x4096x32x64"]
 OPS = ["fla_delta_rule", "osdn", "osdn_clip", "osdn_apf_clip"]  # fla first: a failed graph capture of ours cannot cost its rows
@@ -64,6 +65,7 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated BxTxHxD")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated OSDN variants and fla_delta_rule")
+    ap.add_argument("--tuning", help="JSON {stage: launch settings} applied over TUNING (a sweep's tuning.json)")
     args = ap.parse_args(argv)
     ops = args.ops.split(",")
     unknown = set(ops) - set(osdn_variants()) - {"fla_delta_rule"}
@@ -75,7 +77,8 @@ def main(argv=None):
 
     result = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   command=" ".join(["python3"] + sys.argv), gpu=torch.cuda.get_device_name(),
-                  torch=torch.__version__, triton=triton.__version__, eta=ETA, rows=[])
+                  torch=torch.__version__, triton=triton.__version__, eta=ETA,
+                  applied_tuning=apply_tuning(args.tuning) if args.tuning else None, rows=[])
     for shape in args.shapes.split(","):
         B, T, H, D = map(int, shape.split("x"))
         for name in ops:

@@ -188,6 +188,16 @@ def sweep(calls, budget_s):
     return results, best, None
 
 
+def apply_tuning(path):
+    """Apply a JSON {stage: launch settings} (a sweep's tuning.json) over TUNING; returns what it applied."""
+    from osdn_fast.ops.tuning import TUNING
+
+    with open(path) as f:
+        settings = json.load(f)
+    TUNING.update(settings)
+    return settings
+
+
 def save(out, name, obj):
     """Write obj as JSON now, so that a run cut short keeps what it measured."""
     os.makedirs(out, exist_ok=True)
@@ -242,7 +252,10 @@ def main(argv=None):
     ap.add_argument("--state-space", help="the state chain's sweep space instead of STATE_SPACE, as "
                                           "BV:warps:stages with comma-separated values, e.g. 32,64:4,8:3")
     ap.add_argument("--sweep-only", action="store_true",
-                    help="only the sweep: no whole-op medians, kernel tables or tuned run (a short device call)")
+                    help="only the sweep, its best applied into tuning.json: no whole-op medians, kernel tables or "
+                         "tuned run (a short device call)")
+    ap.add_argument("--tuning", help="JSON {stage: launch settings} applied over TUNING before anything runs (an "
+                                     "earlier sweep's tuning.json: the next sweep starts from it)")
     args = ap.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split("x"))
     if args.state_space:
@@ -255,6 +268,9 @@ def main(argv=None):
     import osdn_fast
     from osdn_fast.ops import common, tuning
 
+    committed = copy.deepcopy(tuning.TUNING)
+    applied = apply_tuning(args.tuning) if args.tuning else None
+
     try:
         from fla.ops.delta_rule import chunk_delta_rule as fla
     except ImportError:
@@ -266,7 +282,7 @@ def main(argv=None):
     result = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   fla="missing" if fla is None else "0.6.0", shape=shape, options=OPTIONS,
-                  committed_tuning=copy.deepcopy(tuning.TUNING))
+                  committed_tuning=committed, applied_tuning=applied)
     result["state_space"] = STATE_SPACE
     if not args.sweep_only:
         result["committed"], result["kernels"] = whole_op(x, fla), op_kernels(x, fla, osdn_fwd, do)
@@ -286,10 +302,11 @@ def main(argv=None):
         print(f"sweep stopped: illegal memory access at {result['sweep_fault']}; no tuned run", flush=True)
         return
     print("best:", json.dumps(result["best"]), flush=True)
-    if args.sweep_only:
-        return
     for stage, cfg in result["best"].items():  # the chain stages: every tier's entry, whichever this shape takes
         tuning.TUNING.update({name: cfg for name in (stage, stage + "_few", stage + "_some") if name in tuning.TUNING})
+    if args.sweep_only:
+        save(args.out, "tuning.json", tuning.TUNING)
+        return
     print("best TUNING, whole op:", flush=True)
     result["tuned"] = whole_op(x, fla)
     save(args.out, "profile_phase2.json", result)

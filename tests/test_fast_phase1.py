@@ -278,18 +278,21 @@ def test_grouped_chains_equal_the_chunk_walk_with_an_empty_sequence():
 
 @pytest.mark.parametrize("kb", [16, 32, 64])
 def test_chunked_launch_settings_match_reference(kb, monkeypatch):
-    """At chunk_osdn's tiles (C = 64, K = 128) the parallel kernels take TUNING's `phase1_*` entries: with every
+    """chunk_osdn runs phase 1's chunk form at the tiles of TUNING's `phase1_*` entries (phase1_chunk.TUNED_TILES:
+    chunk.PHASE1_CHUNKED's chunk size, K = 128), and there the parallel kernels take those entries: with every
     key-channel block KB that the H200 sweep may pick (benchmarks/profile_phase2.py), d and every gradient match
     float64 over two chunks and a partial one."""
-    from osdn_fast.ops import phase1_chunk
+    from osdn_fast.ops import chunk, phase1_chunk
     from osdn_fast.ops.tuning import TUNING
 
+    C, BK = phase1_chunk.TUNED_TILES
+    assert (chunk.PHASE1_CHUNKED["chunk_size"], BK) == (C, 128)
     for stage in ("prep", "out", "bwd_prep", "bwd_out"):
         monkeypatch.setitem(TUNING, f"phase1_{stage}", dict(TUNING[f"phase1_{stage}"], KB=kb))
-        assert phase1_chunk._parallel_launch(stage, 64, 128)["KB"] == kb
-    p = dict(B=1, T=150, H=1, K=128, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None,
+        assert phase1_chunk._parallel_launch(stage, C, BK)["KB"] == kb
+    p = dict(B=1, T=2 * C + 22, H=1, K=128, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None,
              d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
-             chunk_size=64, solver="blockwise", seed=3)
+             chunk_size=C, solver="blockwise", seed=3)
     against_reference(make_inputs(p), p, chunked=True)
 
 

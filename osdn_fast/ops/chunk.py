@@ -90,7 +90,8 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
 
 PHASE1_CHUNKED_MIN_T = 4096  # mean sequence length from which phase 1 runs chunk-parallel (NOTES.md, version 5)
-PHASE1_CHUNKED = dict(chunk_size=64, solver="blockwise", precision="tf32")
+# phase 1's own chunks (phase 2 keeps chunk_osdn's chunk_size): 32 since version 18 (NOTES.md); phase1_chunk.TUNED_TILES
+PHASE1_CHUNKED = dict(chunk_size=32, solver="blockwise", precision="tf32")
 PHASE1_GROUP_MIN_CHUNKS = 32  # the chunk form's chains walk groups of chunks from this many chunks per sequence (mean)
 PHASE1_GROUP_MAX_CHAINS = 16  # ... when at most this many (sequence, head) chains run (NOTES, after version 10)
 PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=6)

@@ -34,6 +34,7 @@ from .phase1_launch import block_k, seq_bounds
 from .solve import unit_lower_inverse
 from .tuning import TUNING
 
+TUNED_TILES = (32, 128)  # (C, BK) of TUNING's phase1_* entries: chunk.PHASE1_CHUNKED's chunks at K = 128
 SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)⁻¹ is formed: _unit_lower_inverse
 # in the prep kernels, or (blockwise) L stored by `phase1_chunk_lower_kernel` and inverted by solve.py in 16×16 tiles
 
@@ -681,18 +682,18 @@ def _tile_warps(C: int, BK: int) -> int:
 
 def _parallel_launch(stage: str, C: int, BK: int) -> dict:
     """KB, warps and stages of a chunk-parallel phase-1 kernel (`prep`, `out`, `bwd_prep`, `bwd_out`): TUNING's
-    `phase1_<stage>` entry for the tiles chunk_osdn runs at K = 128 (C = 64, BK = 128), else _k_block's and
+    `phase1_<stage>` entry for the tiles chunk_osdn runs at K = 128 (TUNED_TILES), else _k_block's and
     _tile_warps' rule with Triton's default of 3 stages. KB orders only the float32 sums over key channels."""
-    if (C, BK) == (64, 128):
+    if (C, BK) == TUNED_TILES:
         return dict(TUNING["phase1_" + stage])
     return dict(KB=_k_block(C, BK), num_warps=_tile_warps(C, BK), num_stages=3)
 
 
 def _chain_launch(stage: str, C: int, BK: int) -> dict:
     """Warps and stages of a chain kernel of the chunk form (`state`, `bwd_state`: one program per (sequence, head),
-    walking its chunks): TUNING's `phase1_<stage>` entry at chunk_osdn's tiles (C = 64, BK = 128), else _tile_warps'
+    walking its chunks): TUNING's `phase1_<stage>` entry at chunk_osdn's tiles (TUNED_TILES), else _tile_warps'
     rule with Triton's default of 3 stages."""
-    if (C, BK) == (64, 128):
+    if (C, BK) == TUNED_TILES:
         return dict(TUNING["phase1_" + stage])
     return dict(num_warps=_tile_warps(C, BK), num_stages=3)
 
@@ -822,17 +823,18 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
                                                        flags, gains, precision, reverse=False)
     lo, hi = bounds if bounds is not None else (None, None)
     outside = torch.zeros(1, dtype=torch.int32, device=k.device) if bounds is not None else None
+    flag = outside if bounds is not None else u  # never written without bounds
     limits = dict(d_min=0.0 if lo is None else float(lo), d_max=0.0 if hi is None else float(hi),
                   HAS_MIN=lo is not None, HAS_MAX=hi is not None)
     phase1_chunk_state_kernel[(programs, H)](
         k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final, x_grp, gseq, gfirst,
-        T, H, K, EPS, outside if bounds is not None else u, **limits, HAS_D0=d0 is not None, **gains, **flags,
+        T, H, K, EPS, flag, **limits, HAS_D0=d0 is not None, **gains, **flags,
         G=group or 0, **_chain_launch("state", C, BK),
     )
     kt = torch.empty_like(k) if store_kt else None
     phase1_chunk_out_kernel[(NC, H)](
         k, r_, seq, start, cu, u, x0, d_all if store_d else u, kt if store_kt else u,
-        outside if bounds is not None else u, *(stats if stats is not None else (u, u)), T, H, K, **limits,
+        flag, *(stats if stats is not None else (u, u)), T, H, K, **limits,
         **flags, PREC=precision, STORE_KT=store_kt, STORE_D=store_d, STORE_STATS=stats is not None,
         **_parallel_launch("out", C, BK),
     )
