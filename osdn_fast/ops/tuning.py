@@ -5,11 +5,12 @@ Measured, not guessed: the fastest setting of each stage in the H200 sweep of be
 (8, 2048, 16, 128) bf16 (see benchmarks/NOTES.md), the state chain's agreeing with its sweep at
 (4, 4096, 16, 128); its `_few` entries, taken when few sequence-heads run (common.chain_stage), from its sweep at
 (1, 16384, 16, 128); its `_some` entries (BV 32, taken when the `_few` tiles make more programs than SMs but tiles
-of 32 do not) from its sweep at (2, 8192, 16, 128); phase 1's chunk-parallel kernels (`phase1_*`: key-channel block
-KB, warps, stages; phase1_chunk._parallel_launch) from their sweep at (4, 4096, 16, 128), `phase1_bwd_out` from
-version 13's there with the forward's kept stats; its two chains (`phase1_state`, `phase1_bwd_state`;
-phase1_chunk._chain_launch) from their sweep at (1, 16384, 16, 128); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`) from
-theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these
+of 32 do not) from its sweep at (2, 8192, 16, 128); phase 1's chunk form at its tiles (phase1_chunk.TUNED_TILES:
+chunks of 32, K = 128; version 18): the chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages;
+phase1_chunk._parallel_launch) and the walked chains (`phase1_state`, `phase1_bwd_state`; phase1_chunk._chain_launch)
+from their sweep at (4, 4096, 16, 128), each timed by the phase-1 forward or backward that launches it (the
+backward's with the forward's kept stats); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`)
+from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these
 numbers change only how the work is split (at most the order of float32 sums), so the GPU validation
 (book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest covers every other
 file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
@@ -29,12 +30,12 @@ TUNING = {
     "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
     "output_bwd_local": dict(BV=64, num_warps=4, num_stages=3),
     "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
-    "phase1_prep": dict(KB=32, num_warps=4, num_stages=3),
+    "phase1_prep": dict(KB=64, num_warps=4, num_stages=1),
     "phase1_out": dict(KB=32, num_warps=4, num_stages=3),
-    "phase1_bwd_prep": dict(KB=32, num_warps=4, num_stages=3),
-    "phase1_bwd_out": dict(KB=32, num_warps=4, num_stages=3),
-    "phase1_state": dict(num_warps=4, num_stages=3),
-    "phase1_bwd_state": dict(num_warps=4, num_stages=3),
+    "phase1_bwd_prep": dict(KB=16, num_warps=4, num_stages=3),
+    "phase1_bwd_out": dict(KB=64, num_warps=4, num_stages=2),
+    "phase1_state": dict(num_warps=4, num_stages=1),
+    "phase1_bwd_state": dict(num_warps=4, num_stages=1),
     "phase1_group_map": dict(BN=128, num_warps=4, num_stages=1),
     "phase1_group_walk": dict(num_warps=8, num_stages=1),
 }
