@@ -5,7 +5,8 @@
 # next. Data files and one log (logs.txt) go to $OUT: at most 7 files, under the tool's 8.
 # STEPS picks the steps, in this order: validate, pytest (the CUDA run of the phase-1 form tests), phase1
 # (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile (profile_phase2.py: kernels and launch
-# sweeps), sweep_phase1 (profile_phase2.py's sweeps of phase 1's chunk-form kernels, into $OUT/walked, $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), memory
+# sweeps), sweep_phase1 (profile_phase2.py's sweeps of phase 1's chunk-form kernels, into $OUT/walked and
+# $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), memory
 # (memory_peak.py: what is alive at the peak of one forward+backward).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold

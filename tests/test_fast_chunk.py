@@ -114,15 +114,16 @@ def test_matches_reference_with_grouped_phase1_chains(p):
 
 
 def test_phase1_group_rule():
-    """chunk_osdn groups phase 1's chains only for long sequences on few chains: at (1, 16384, 16, 128) in groups
-    of 16 chunks of 64; at (2, 8192, 16, 128) (32 chains), (4, 4096, 16, 128) and below 32 chunks per sequence not
-    at all."""
+    """chunk_osdn groups phase 1's chains only for long sequences on few chains (chunks of 32 since version 18): at
+    (1, 16384, 16, 128) in groups of 16 chunks; at (2, 8192, 16, 128) (32 chains), (4, 4096, 16, 128) and below 32
+    chunks per sequence (T < 1024) not at all."""
     def group(B, T, H, cu=None):
         return chunk_ops.phase1_group(torch.empty(B, T, H, 1, device="meta"), cu)
 
-    assert group(1, 16384, 16) == 16 and group(1, 4096, 16) == 8 and group(1, 8192, 8) == 16
-    assert group(2, 8192, 16) is None and group(4, 4096, 16) is None and group(1, 2000, 16) is None
-    assert group(1, 16384, 4, torch.tensor([0, 4096, 8192, 12288, 16384])) == 8  # packed: per sequence, mean
+    assert chunk_ops.PHASE1_CHUNKED["chunk_size"] == 32
+    assert group(1, 16384, 16) == 16 and group(1, 4096, 16) == 16 and group(1, 8192, 8) == 16 and group(1, 2048, 16) == 8
+    assert group(2, 8192, 16) is None and group(4, 4096, 16) is None and group(1, 1000, 16) is None
+    assert group(1, 16384, 2, torch.arange(0, 16385, 2048)) == 8  # packed: 8 sequences, the mean length per sequence
 
 
 @pytest.mark.parametrize("eta, r, form, acted", [(0.01, False, "speculative", False), (2.0, False, "speculative", True),
