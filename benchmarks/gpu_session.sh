@@ -23,8 +23,9 @@
 #       (carry .work/suite, the files of a call whose limit cut the suite: the next call times only what it lacks)
 #   STEPS=profile SWEEP_S=60 PROFILE_ARGS="--shape 1x16384x16x128 --stages state_fwd,state_bwd" bash benchmarks/gpu_session.sh
 #   STEPS="sweep_phase1 profile_op" PROFILE_OP_ARGS='--ops osdn --tuning $OUT/grouped/tuning.json' bash benchmarks/gpu_session.sh
-#       (phase 1's chunk-form kernels swept at chunk_osdn's tiles: the walked chains' stages at (4, 4096), then the
-#       grouped chains' at (1, 16384) from the first sweep's pick, then the whole op with both picks; version 18)
+#       (phase 1's chunk-form kernels swept at chunk_osdn's tiles: the walked chains' stages at (2, 4096, 32, 64) for
+#       K = 64 (version 19), at (4, 4096) from that pick, then the grouped chains' at (1, 16384) from both, then the
+#       whole op with all picks; version 18; the --tuning then names $OUT/grouped/tuning.json)
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
 set -u
@@ -50,13 +51,18 @@ has phase1 && step phase1 "${PHASE1_S:-90}" python3 benchmarks/bench_phase1.py -
     ${PHASE1_ARGS:---newton --chunk-sizes 64 --solvers blockwise --precisions tf32}
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}
 has profile && step profile "${PROFILE_S:-55}" python3 benchmarks/profile_phase2.py --out "$OUT" --sweep-budget "${SWEEP_S:-0}" ${PROFILE_ARGS:-}
-if has sweep_phase1; then
-    step sweep_walked "${SWEEP_WALKED_S:-330}" python3 benchmarks/profile_phase2.py --out "$OUT/walked" --sweep-only \
-        --sweep-budget "$(( ${SWEEP_WALKED_S:-330} - 40 ))" --shape 4x4096x16x128 \
-        --stages phase1_bwd_out,phase1_bwd_state,phase1_bwd_prep,phase1_state,phase1_out,phase1_prep
-    step sweep_grouped "${SWEEP_GROUPED_S:-90}" python3 benchmarks/profile_phase2.py --out "$OUT/grouped" --sweep-only \
-        --sweep-budget "$(( ${SWEEP_GROUPED_S:-90} - 40 ))" --shape 1x16384x16x128 --tuning "$OUT/walked/tuning.json" \
-        --stages phase1_group_map,phase1_group_walk
+if has sweep_phase1; then  # K = 64, then K = 128 from its pick, then the grouped chains from both (a limit of 0 skips one)
+    P1_STAGES=phase1_bwd_out,phase1_bwd_state,phase1_bwd_prep,phase1_state,phase1_out,phase1_prep
+    from() { [[ -f $1 ]] && echo "--tuning $1"; }
+    (( ${SWEEP_K64_S:-150} > 0 )) && step sweep_k64 "${SWEEP_K64_S:-150}" python3 benchmarks/profile_phase2.py \
+        --out "$OUT/k64" --sweep-only --sweep-budget "$(( ${SWEEP_K64_S:-150} - 40 ))" --shape 2x4096x32x64 \
+        --stages "${SWEEP_K64_STAGES:-$P1_STAGES}"
+    (( ${SWEEP_WALKED_S:-330} > 0 )) && step sweep_walked "${SWEEP_WALKED_S:-330}" python3 benchmarks/profile_phase2.py \
+        --out "$OUT/walked" --sweep-only --sweep-budget "$(( ${SWEEP_WALKED_S:-330} - 40 ))" --shape 4x4096x16x128 \
+        --stages "${SWEEP_WALKED_STAGES:-$P1_STAGES}" $(from "$OUT/k64/tuning.json")
+    (( ${SWEEP_GROUPED_S:-90} > 0 )) && step sweep_grouped "${SWEEP_GROUPED_S:-90}" python3 benchmarks/profile_phase2.py \
+        --out "$OUT/grouped" --sweep-only --sweep-budget "$(( ${SWEEP_GROUPED_S:-90} - 40 ))" --shape 1x16384x16x128 \
+        --stages phase1_group_map,phase1_group_walk $(from "$OUT/walked/tuning.json")
 fi
 has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}

@@ -23,6 +23,7 @@ import datetime as dt
 import itertools
 import json
 import os
+import re
 import time
 
 import torch
@@ -33,6 +34,7 @@ OPTIONS = dict(eta=0.003, d_min=2 / 3, d_max=1.5)
 SPACE = dict(BV=(32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))
 SOLVE_SPACE = dict(BV=(64,), num_warps=(1, 2, 4), num_stages=(1,))  # 16×16 tiles: few warps
 PHASE1_SPACE = dict(KB=(16, 32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))  # phase 1's chunk-parallel kernels
+CHAIN_SPACE = dict(num_warps=(2, 4, 8), num_stages=(1, 2, 3))  # phase 1's walked chains: one [C, K] tile per step
 GROUP_SPACE = dict(BN=(32, 64, 128), num_warps=(4, 8), num_stages=(1,))  # the grouped chains' map (columns BN) and walk
 STATE_SPACE = dict(BV=(16, 32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))  # the state chain: narrower tiles, more programs
 
@@ -114,11 +116,14 @@ def stage_calls(x, B, T, H, D):
 
 def phase1_calls(x, H):
     """{stage: call} for the chunk-parallel phase 1 as chunk_osdn runs it (chunk.PHASE1_CHUNKED, no clip): each
-    TUNING entry `phase1_<kernel>` is timed by the call that launches it, the forward (prep, out) or the backward
+    TUNING entry that the kernels take at this K (phase1_chunk.tuning_key: `phase1_<kernel>` at K = 128,
+    `phase1_<kernel>_k64` at K = 64) is timed by the call that launches it, the forward (prep, out) or the backward
     (bwd_prep, bwd_out, and the chains state, bwd_state: warps and stages only) with phase 2's gradients fused in;
     the other kernels of the call run at fixed settings."""
     from osdn_fast.ops.chunk import PHASE1_CHUNKED
-    from osdn_fast.ops.phase1_chunk import chain_group, phase1_bwd_chunk, phase1_fwd_chunk
+    from osdn_fast.ops.phase1_chunk import chain_group, phase1_bwd_chunk, phase1_fwd_chunk, tuning_key
+    from osdn_fast.ops.phase1_launch import block_k
+    from osdn_fast.ops.tuning import TUNING
 
     k, beta = x["k"].detach(), x["beta"].detach()
     eta = torch.full((H,), OPTIONS["eta"], dtype=torch.float32, device=k.device)
@@ -137,15 +142,17 @@ def phase1_calls(x, H):
         phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, group=group, stats=stats,
                          **flags)
 
-    return {"phase1_bwd_out": bwd, "phase1_bwd_state": bwd, "phase1_state": fwd, "phase1_bwd_prep": bwd,
-            "phase1_out": fwd, "phase1_prep": fwd,  # slowest first (version 8's profile)
-            "phase1_group_map": grouped, "phase1_group_walk": grouped}
+    C, BK = PHASE1_CHUNKED["chunk_size"], block_k(k.shape[3])
+    calls = {tuning_key(stage, C, BK): call for stage, call in (
+        ("bwd_out", bwd), ("bwd_state", bwd), ("state", fwd), ("bwd_prep", bwd), ("out", fwd), ("prep", fwd))}
+    calls = {name: call for name, call in calls.items() if name in TUNING}  # slowest first (version 8's profile)
+    return {**calls, "phase1_group_map": grouped, "phase1_group_walk": grouped}
 
 
 def sweep(calls, budget_s):
     """Time every stage under every setting of its space (SPACE; BV only where the stage has value tiles; phase 1's
-    chunk-parallel kernels: PHASE1_SPACE, key-channel blocks KB; the grouped chains: GROUP_SPACE, map columns BN; the
-    state chain: STATE_SPACE, value tiles down to 16)."""
+    chunk-parallel kernels: PHASE1_SPACE, key-channel blocks KB; its walked chains: CHAIN_SPACE, warps and stages; the
+    grouped chains: GROUP_SPACE, map columns BN; the state chain: STATE_SPACE, value tiles down to 16)."""
     import triton.testing
 
     from osdn_fast.ops.tuning import TUNING
@@ -155,15 +162,17 @@ def sweep(calls, budget_s):
     for stage, call in calls.items():
         results[stage] = []
         space = SOLVE_SPACE if stage == "solve" else GROUP_SPACE if stage.startswith("phase1_group") else \
+            CHAIN_SPACE if stage.startswith(("phase1_state", "phase1_bwd_state")) else \
             PHASE1_SPACE if stage.startswith("phase1_") else STATE_SPACE if stage.startswith("state_") else SPACE
-        tile = next(iter(space))  # BV or KB
-        for size, warps, stages in itertools.product(*space.values()):
+        tile = next((t for t in ("BV", "KB", "BN") if t in space), None)
+        sizes = space[tile] if tile else (None,)
+        for size, warps, stages in itertools.product(sizes, space["num_warps"], space["num_stages"]):
             if time.time() - start > budget_s:
                 break
-            if tile not in committed[stage] and size != space[tile][0]:
+            if tile and tile not in committed[stage] and size != sizes[0]:
                 continue
             cfg = dict(num_warps=warps, num_stages=stages)
-            if tile in committed[stage]:
+            if tile and tile in committed[stage]:
                 cfg[tile] = size
             for name in (stage, stage + "_few", stage + "_some"):  # whichever entry chain_stage picks here
                 if name in committed:
@@ -291,11 +300,13 @@ def main(argv=None):
         return
     print("sweep:", flush=True)
     calls = stage_calls(x, B, T, H, D)
-    if args.stages:
-        unknown = set(args.stages.split(",")) - set(calls)
+    if args.stages:  # phase 1's stages by kernel name: the entry this K takes (`_k64` at K = 64)
+        wanted = set(args.stages.split(","))
+        generic = {name: re.sub(r"_k\d+$", "", name) for name in calls}
+        unknown = wanted - set(calls) - set(generic.values())
         if unknown:
             ap.error(f"--stages: unknown {sorted(unknown)}")
-        calls = {name: call for name, call in calls.items() if name in args.stages.split(",")}
+        calls = {name: call for name, call in calls.items() if name in wanted or generic[name] in wanted}
     result["sweep"], result["best"], result["sweep_fault"] = sweep(calls, args.sweep_budget)
     save(args.out, "profile_phase2.json", result)
     if result["sweep_fault"]:

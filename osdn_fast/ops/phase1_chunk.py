@@ -34,7 +34,7 @@ from .phase1_launch import block_k, seq_bounds
 from .solve import unit_lower_inverse
 from .tuning import TUNING
 
-TUNED_TILES = (32, 128)  # (C, BK) of TUNING's phase1_* entries: chunk.PHASE1_CHUNKED's chunks at K = 128
+TUNED_TILES = (32, 128)  # (C, BK) of TUNING's phase1_* entries: chunk.PHASE1_CHUNKED's chunks at K = 128 (tuning_key)
 SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)⁻¹ is formed: _unit_lower_inverse
 # in the prep kernels, or (blockwise) L stored by `phase1_chunk_lower_kernel` and inverted by solve.py in 16×16 tiles
 
@@ -680,21 +680,32 @@ def _tile_warps(C: int, BK: int) -> int:
     return 8 if C * BK >= 8192 else 4
 
 
+def tuning_key(stage: str, C: int, BK: int) -> str | None:
+    """The TUNING entry of phase-1 kernel `stage` at tiles (C, BK): `phase1_<stage>` at TUNED_TILES, and
+    `phase1_<stage>_k<BK>` at its chunks with another key block (version 19: K = 64); None at other chunks. An entry
+    that TUNING lacks leaves the kernel to the rule (_parallel_launch, _chain_launch)."""
+    if C != TUNED_TILES[0]:
+        return None
+    return "phase1_" + stage + ("" if BK == TUNED_TILES[1] else f"_k{BK}")
+
+
 def _parallel_launch(stage: str, C: int, BK: int) -> dict:
     """KB, warps and stages of a chunk-parallel phase-1 kernel (`prep`, `out`, `bwd_prep`, `bwd_out`): TUNING's
-    `phase1_<stage>` entry for the tiles chunk_osdn runs at K = 128 (TUNED_TILES), else _k_block's and
-    _tile_warps' rule with Triton's default of 3 stages. KB orders only the float32 sums over key channels."""
-    if (C, BK) == TUNED_TILES:
-        return dict(TUNING["phase1_" + stage])
+    entry at these tiles (tuning_key), else _k_block's and _tile_warps' rule with Triton's default of 3 stages. KB
+    orders only the float32 sums over key channels."""
+    key = tuning_key(stage, C, BK)
+    if key in TUNING:
+        return dict(TUNING[key])
     return dict(KB=_k_block(C, BK), num_warps=_tile_warps(C, BK), num_stages=3)
 
 
 def _chain_launch(stage: str, C: int, BK: int) -> dict:
     """Warps and stages of a chain kernel of the chunk form (`state`, `bwd_state`: one program per (sequence, head),
-    walking its chunks): TUNING's `phase1_<stage>` entry at chunk_osdn's tiles (TUNED_TILES), else _tile_warps'
-    rule with Triton's default of 3 stages."""
-    if (C, BK) == TUNED_TILES:
-        return dict(TUNING["phase1_" + stage])
+    walking its chunks): TUNING's entry at these tiles (tuning_key), else _tile_warps' rule with Triton's default of
+    3 stages."""
+    key = tuning_key(stage, C, BK)
+    if key in TUNING:
+        return dict(TUNING[key])
     return dict(num_warps=_tile_warps(C, BK), num_stages=3)
 
 

@@ -9,7 +9,8 @@ of 32 do not) from its sweep at (2, 8192, 16, 128); phase 1's chunk form at its 
 chunks of 32, K = 128; version 18): the chunk-parallel kernels (`phase1_*`: key-channel block KB, warps, stages;
 phase1_chunk._parallel_launch) and the walked chains (`phase1_state`, `phase1_bwd_state`; phase1_chunk._chain_launch)
 from their sweep at (4, 4096, 16, 128), each timed by the phase-1 forward or backward that launches it (the
-backward's with the forward's kept stats); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`)
+backward's with the forward's kept stats), and their `_k64` entries (phase1_chunk.tuning_key: the same chunks at K = 64;
+version 19) from their sweep at (2, 4096, 32, 64); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`)
 from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these
 numbers change only how the work is split (at most the order of float32 sums), so the GPU validation
 (book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest covers every other
@@ -36,6 +37,12 @@ TUNING = {
     "phase1_bwd_out": dict(KB=64, num_warps=4, num_stages=2),
     "phase1_state": dict(num_warps=4, num_stages=1),
     "phase1_bwd_state": dict(num_warps=4, num_stages=1),
+    "phase1_prep_k64": dict(KB=64, num_warps=4, num_stages=3),
+    "phase1_out_k64": dict(KB=64, num_warps=4, num_stages=3),
+    "phase1_bwd_prep_k64": dict(KB=16, num_warps=4, num_stages=3),
+    "phase1_bwd_out_k64": dict(KB=64, num_warps=4, num_stages=2),
+    "phase1_state_k64": dict(num_warps=4, num_stages=2),
+    "phase1_bwd_state_k64": dict(num_warps=4, num_stages=2),
     "phase1_group_map": dict(BN=128, num_warps=4, num_stages=1),
     "phase1_group_walk": dict(num_warps=8, num_stages=1),
 }
