@@ -276,21 +276,27 @@ def test_grouped_chains_equal_the_chunk_walk_with_an_empty_sequence():
         preconditioner_scan(k, beta, eta=0.5, chain_group=2)
 
 
+@pytest.mark.parametrize("K", [128, 64])
 @pytest.mark.parametrize("kb", [16, 32, 64])
-def test_chunked_launch_settings_match_reference(kb, monkeypatch):
+def test_chunked_launch_settings_match_reference(kb, K, monkeypatch):
     """chunk_osdn runs phase 1's chunk form at the tiles of TUNING's `phase1_*` entries (phase1_chunk.TUNED_TILES:
-    chunk.PHASE1_CHUNKED's chunk size, K = 128), and there the parallel kernels take those entries: with every
-    key-channel block KB that the H200 sweep may pick (benchmarks/profile_phase2.py), d and every gradient match
-    float64 over two chunks and a partial one."""
+    chunk.PHASE1_CHUNKED's chunk size, K = 128; their `_k64` entries at K = 64, tuning_key), and there the parallel
+    kernels take those entries: with every key-channel block KB that the H200 sweep may pick
+    (benchmarks/profile_phase2.py), d and every gradient match float64 over two chunks and a partial one."""
     from osdn_fast.ops import chunk, phase1_chunk
     from osdn_fast.ops.tuning import TUNING
 
-    C, BK = phase1_chunk.TUNED_TILES
-    assert (chunk.PHASE1_CHUNKED["chunk_size"], BK) == (C, 128)
-    for stage in ("prep", "out", "bwd_prep", "bwd_out"):
-        monkeypatch.setitem(TUNING, f"phase1_{stage}", dict(TUNING[f"phase1_{stage}"], KB=kb))
-        assert phase1_chunk._parallel_launch(stage, C, BK)["KB"] == kb
-    p = dict(B=1, T=2 * C + 22, H=1, K=128, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None,
+    C = phase1_chunk.TUNED_TILES[0]
+    assert chunk.PHASE1_CHUNKED["chunk_size"] == C and phase1_chunk.TUNED_TILES[1] == 128
+    for stage in ("prep", "out", "bwd_prep", "bwd_out", "state", "bwd_state"):
+        key = phase1_chunk.tuning_key(stage, C, K)
+        assert key == f"phase1_{stage}" + ("" if K == 128 else "_k64") and key in TUNING
+        if "state" not in stage:
+            monkeypatch.setitem(TUNING, key, dict(TUNING[key], KB=kb))
+            assert phase1_chunk._parallel_launch(stage, C, K)["KB"] == kb
+    assert phase1_chunk.tuning_key("prep", 2 * C, K) is None   # off the tuned chunks: the rule
+    assert phase1_chunk._parallel_launch("prep", 2 * C, K) == dict(KB=16, num_warps=8 if K == 128 else 4, num_stages=3)
+    p = dict(B=1, T=2 * C + 22, H=1, K=K, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None,
              d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
              chunk_size=C, solver="blockwise", seed=3)
     against_reference(make_inputs(p), p, chunked=True)
