@@ -218,17 +218,19 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
             for prec in precisions:
                 solve = chk._solver_flags(C, solver, prec)
                 base = dict(flags, C=C)
-                inv = dict(HAS_INV=solver == "blockwise")
-                rows += [tiled(chk.phase1_chunk_prep_kernel, "prep", dict(base, **solve, **inv, STORE_L=False)),
+                blockwise = solver == "blockwise"
+                rows += [tiled(chk.phase1_chunk_prep_kernel, "prep", dict(base, **solve, HAS_INV=False,
+                                                                           BLOCKWISE=blockwise, P_ONLY=False)),
                          tiled(chk.phase1_chunk_out_kernel, "out", dict(HAS_R=True, IS_VARLEN=False, C=C, BK=BK, PREC=prec,
                                                                        STORE_KT=True, HAS_MIN=True, HAS_MAX=True, STORE_D=True)),
-                         tiled(chk.phase1_chunk_bwd_prep_kernel, "bwd_prep", dict(base, **solve, **inv, FUSED=True)),
+                         tiled(chk.phase1_chunk_bwd_prep_kernel, "bwd_prep", dict(base, **solve, HAS_INV=blockwise,
+                                                                                   FUSED=True)),
                          tiled(chk.phase1_chunk_bwd_out_kernel, "bwd_out", dict(base, **solve, FUSED=True))]
                 rows[-4]["solver"] = rows[-2]["solver"] = solver
-                if solver == "blockwise":  # the L pass before solve.py
+                if blockwise:  # P alone (chunk_inverses; the backward without the forward's P)
                     rows.append(tiled(chk.phase1_chunk_prep_kernel, "prep", dict(base, **solve, HAS_INV=False,
-                                                                                  STORE_L=True)))
-                    rows[-1]["solver"] = "blockwise L"
+                                                                                  BLOCKWISE=True, P_ONLY=True)))
+                    rows[-1]["solver"] = "blockwise P"
         chain = {st: chk._chain_launch(st, C, BK) for st in ("state", "bwd_state")}
         rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"]),
                  usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True, G=0), **chain["bwd_state"])]

@@ -103,8 +103,10 @@ def chunked_phase1_jobs(BK):
     map_bn = map_launch.pop("BN")
     out_flags = dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"], STORE_KT=True, HAS_MIN=True,
                      HAS_MAX=True, STORE_D=True, STORE_STATS=True)
-    return [(chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=False, STORE_L=True))),
-            (chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=True, STORE_L=False))),
+    prep_modes = ((False, True, False), (False, True, True), (True, False, False))  # P formed, P alone, P given
+    return [(chk.phase1_chunk_prep_kernel, *tiled("prep", dict(solved, HAS_INV=has_inv, BLOCKWISE=blockwise,
+                                                               P_ONLY=p_only)))
+            for has_inv, blockwise, p_only in prep_modes] + [
             (chk.phase1_chunk_out_kernel, *tiled("out", out_flags)),
             (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", dict(solved, HAS_INV=True, FUSED=True))),
             (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=True))),

@@ -6,8 +6,9 @@
 # STEPS picks the steps, in this order: validate, pytest (the CUDA run of the phase-1 form tests), phase1
 # (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile (profile_phase2.py: kernels and launch
 # sweeps), sweep_phase1 (profile_phase2.py's sweeps of phase 1's chunk-form kernels, into $OUT/walked and
-# $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), memory
-# (memory_peak.py: what is alive at the peak of one forward+backward).
+# $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), ab
+# (profile_op.py with this tree's kernels and a base tree's, alternating), memory (memory_peak.py: what is alive at
+# the peak of one forward+backward).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
 #   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
@@ -26,6 +27,9 @@
 #       (phase 1's chunk-form kernels swept at chunk_osdn's tiles: the walked chains' stages at (2, 4096, 32, 64) for
 #       K = 64 (version 19), at (4, 4096) from that pick, then the grouped chains' at (1, 16384) from both, then the
 #       whole op with all picks; version 18; the --tuning then names $OUT/grouped/tuning.json)
+#   STEPS="pytest ab" AB_BASE=.work/base AB_ARGS="--ops osdn --shapes 4x4096x16x128" bash benchmarks/gpu_session.sh
+#       (a kernel change before its validation: the whole op, this tree against a base checkout carried as .work/base,
+#       alternating AB_ROUNDS times in one call; version 20)
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
 set -u
@@ -65,6 +69,13 @@ if has sweep_phase1; then  # K = 64, then K = 128 from its pick, then the groupe
         --stages phase1_group_map,phase1_group_walk $(from "$OUT/walked/tuning.json")
 fi
 has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}
+if has ab; then  # the whole op with this tree's kernels and a base tree's (AB_BASE: a checkout carried), alternating
+    for i in $(seq "${AB_ROUNDS:-2}"); do
+        step "ab_tree$i" "${AB_S:-90}" python3 benchmarks/profile_op.py --out "$OUT/ab_tree$i" ${AB_ARGS:-}
+        PYTHONPATH="/tmp/site:${AB_BASE:?set AB_BASE to the base checkout}" step "ab_base$i" "${AB_S:-90}" \
+            python3 "$AB_BASE/benchmarks/profile_op.py" --out "$OUT/ab_base$i" ${AB_ARGS:-}
+    done
+fi
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
 rm -f "$OUT/tuning.json"  # a sweep's pick is read from profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80

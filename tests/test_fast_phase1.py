@@ -303,10 +303,10 @@ def test_chunked_launch_settings_match_reference(kb, K, monkeypatch):
 
 
 def test_chunk_backward_reuses_the_forward_inverse():
-    """chunk_osdn keeps the blockwise solver's P = (I + L)⁻¹ from the forward (chunk_inverses), and each token's
-    s_t = ⟨d_t, a_t⟩ and ‖k_t‖² (`stats`), and hands them to the backward: results bitwise those of the calls that
-    form them themselves (the stats to float32 rounding); a P of the wrong shape or for another solver, or stats of
-    the wrong shape, are refused by name."""
+    """chunk_osdn keeps the blockwise solver's P = (I + L)⁻¹ from the forward (`inverse_out`; chunk_inverses forms the
+    same P alone), and each token's s_t = ⟨d_t, a_t⟩ and ‖k_t‖² (`stats`), and hands them to the backward: results
+    bitwise those of the calls that form them themselves (the stats to float32 rounding); a P of the wrong shape or
+    for another solver, or stats of the wrong shape, are refused by name."""
     from osdn_fast.ops.phase1_chunk import chunk_inverses, phase1_bwd_chunk, phase1_fwd_chunk
 
     gen = torch.Generator().manual_seed(8)
@@ -322,6 +322,9 @@ def test_chunk_backward_reuses_the_forward_inverse():
     fresh, kept = phase1_fwd_chunk(k, beta, r, None, eta, **opts), phase1_fwd_chunk(k, beta, r, None, eta, **opts,
                                                                                     inverse=inv, stats=stats)
     assert all(torch.equal(a, b) for a, b in zip(fresh, kept))
+    inv_out = torch.full_like(inv, float("nan"))  # the forward that forms P itself, in the launch that uses it
+    formed = phase1_fwd_chunk(k, beta, r, None, eta, **opts, inverse_out=inv_out)
+    assert torch.equal(inv_out, inv) and all(torch.equal(a, b) for a, b in zip(fresh, formed))
     a = k.float() ** 2
     torch.testing.assert_close(stats[0], (fresh[0] * a).sum(-1), rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(stats[1], a.sum(-1), rtol=1e-6, atol=1e-7)
@@ -340,6 +343,10 @@ def test_chunk_backward_reuses_the_forward_inverse():
         phase1_fwd_chunk(k, beta, r, None, eta, **opts, inverse=inv[:, :, :16])
     with pytest.raises(ValueError, match="inverse"):
         phase1_fwd_chunk(k, beta, r, None, eta, **dict(opts, solver="substitution"), inverse=inv)
+    with pytest.raises(ValueError, match="inverse_out"):
+        phase1_fwd_chunk(k, beta, r, None, eta, **opts, inverse_out=inv_out[:, :, :16])
+    with pytest.raises(ValueError, match="inverse_out"):
+        phase1_fwd_chunk(k, beta, r, None, eta, **opts, inverse=inv, inverse_out=inv_out)
 
 
 def test_eta_zero_keeps_d0():

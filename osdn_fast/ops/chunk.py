@@ -19,7 +19,7 @@ from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
-from .phase1_chunk import chain_group, chunk_inverses, phase1_bwd_chunk, phase1_fwd_chunk
+from .phase1_chunk import chain_group, phase1_bwd_chunk, phase1_fwd_chunk
 from .phase1_newton import phase1_bwd_newton, phase1_fwd_newton
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
@@ -127,7 +127,7 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     return at once. The backward reads the same flag on the device (`phase1_bwd_speculative_guarded`), never the host.
     form: "sequential", "newton", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides).
     Without `store_d` (no backward will follow) d_all is not written and comes back None. P and stats: the chunk
-    form's (I + L)⁻¹ (chunk_inverses) and per-token s_t, ‖k_t‖² (phase1_fwd_chunk's `stats`), kept for its backward
+    form's (I + L)⁻¹ (phase1_fwd_chunk's `inverse_out`) and per-token s_t, ‖k_t‖² (phase1_fwd_chunk's `stats`), kept for its backward
     when one follows, else None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
@@ -144,12 +144,12 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     gains = dict(beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens)
     inv = stats = None
     if store_d:  # a backward follows: it reuses the chunks' inverses and s_t, ‖k_t‖² instead of forming them again
-        inv = chunk_inverses(k, beta, r, eta, **gains, chunk_size=PHASE1_CHUNKED["chunk_size"],
-                             precision=PHASE1_CHUNKED["precision"])
+        inv = torch.empty(k.shape[0] * k.shape[1], k.shape[2], PHASE1_CHUNKED["chunk_size"], dtype=torch.float32,
+                          device=k.device)
         stats = torch.empty(2, *k.shape[:3], dtype=torch.float32, device=k.device)
     d_all, d_final, kt, outside = phase1_fwd_chunk(
         k, beta, r, d0, eta, **gains, store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None,
-        store_d=store_d, inverse=inv, group=phase1_group(k, cu_seqlens), stats=stats, **PHASE1_CHUNKED)
+        store_d=store_d, inverse_out=inv, group=phase1_group(k, cu_seqlens), stats=stats, **PHASE1_CHUNKED)
     if not clipped:
         return form, d_all, d_final, kt, None, inv, stats
     phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),

@@ -29,14 +29,13 @@ import triton.language as tl
 
 from osdn_ref import EPS
 
-from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .phase1_launch import block_k, seq_bounds
-from .solve import unit_lower_inverse
+from .solve import invert_chunk
 from .tuning import TUNING
 
 TUNED_TILES = (32, 128)  # (C, BK) of TUNING's phase1_* entries: chunk.PHASE1_CHUNKED's chunks at K = 128 (tuning_key)
 SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)⁻¹ is formed: _unit_lower_inverse
-# in the prep kernels, or (blockwise) L stored by `phase1_chunk_lower_kernel` and inverted by solve.py in 16×16 tiles
+# in the prep kernels, or (blockwise) L stored by the prep kernel and inverted there in place, solve.py's 16×16 tiles
 
 
 @triton.jit
@@ -161,14 +160,16 @@ def _decay_lower(gram, c, g, g_incl, C: tl.constexpr):
 
 @triton.jit
 def phase1_chunk_prep_kernel(
-    k, beta, r, eta, chunk_seq, chunk_start, cu_seqlens, inv_in, tq, u0,
+    k, beta, r, eta, chunk_seq, chunk_start, cu_seqlens, inv, tq, u0,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr, HAS_INV: tl.constexpr, STORE_L: tl.constexpr,
+    KB: tl.constexpr, HAS_INV: tl.constexpr, BLOCKWISE: tl.constexpr, P_ONLY: tl.constexpr,
 ):
-    """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e. HAS_INV: P is read from `inv_in` (rows by token,
-    [ΣT, H, C]) instead of formed here; STORE_L: only L is formed, and stored there for solve.py."""
+    """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e. HAS_INV: P is read from `inv` (rows by token,
+    [ΣT, H, C]) instead of formed here. BLOCKWISE: L is stored there and inverted in place by solve.py's 16×16
+    blockwise inverse, which reads L row by row (written and read back by this program, so mostly from cache), then
+    P is read back; P_ONLY: stop once P is stored."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -186,15 +187,19 @@ def phase1_chunk_prep_kernel(
     _, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
     rows = tl.arange(0, C)
     by_token = (t[:, None] * H + h) * C + rows[None, :]
-    if STORE_L:
-        tl.store(inv_in + by_token, _decay_lower(gram, c, g, g_incl, C), mask=valid[:, None])
-        return
-    if HAS_INV:
-        inv = tl.load(inv_in + by_token, mask=valid[:, None], other=0.0)
+    if BLOCKWISE:
+        tl.store(inv + by_token, _decay_lower(gram, c, g, g_incl, C), mask=valid[:, None])
+        tl.debug_barrier()  # L visible to every thread of the program
+        invert_chunk(inv, inv, cs, eos, h, H, C, IN_PLACE=True)
+        if P_ONLY:
+            return
+        tl.debug_barrier()  # P visible likewise
+    if HAS_INV or BLOCKWISE:
+        p = tl.load(inv + by_token, mask=valid[:, None], other=0.0)
     else:
-        inv = _unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC)
-    x = inv * (c * tl.exp(g))[None, :]
-    u = tl.sum(inv * e[None, :], axis=1)
+        p = _unit_lower_inverse(_decay_lower(gram, c, g, g_incl, C), C, LOG2_C, DOUBLING, PREC)
+    x = p * (c * tl.exp(g))[None, :]
+    u = tl.sum(p * e[None, :], axis=1)
     tl.store(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(u0 + t * H + h, u, mask=valid)
 
@@ -739,23 +744,6 @@ def _solver_flags(chunk_size: int, solver: str, precision: str) -> dict:
     return dict(LOG2_C=chunk_size.bit_length() - 1, DOUBLING=solver == "doubling", PREC=precision)
 
 
-def _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve) -> torch.Tensor:
-    """Every chunk's P = (I + L)⁻¹ [B·T, H, C] float32, rows by token: L from the prep kernel (STORE_L), then
-    solve.py's 16×16 blockwise inverse, phase 2's (no C − 1 dependent full-tile steps per chunk)."""
-    k = prep[0]
-    K, BK = k.shape[3], flags["BK"]
-    L = torch.empty(B * T, H, C, dtype=torch.float32, device=k.device)
-    if cu_seqlens is None:
-        cu, (indices, _) = uniform_cu_seqlens(B, T, k.device), uniform_chunk_layout(B, T, C, k.device)
-    else:
-        cu, (indices, _) = cu_seqlens, chunk_layout(cu_seqlens, C)
-    phase1_chunk_prep_kernel[(indices.shape[0], H)](
-        *prep, L, L, L, T, H, K, EPS, **gains, **flags, **solve, HAS_INV=False, STORE_L=True,
-        **_parallel_launch("prep", C, BK),
-    )
-    return unit_lower_inverse(L.view(1, B * T, H, C), cu, indices, torch.float32, **TUNING["solve"]).view(B * T, H, C)
-
-
 def _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision, beta_aware, normalize):
     """What the launches of one chunk-form call share: (NC, chunk_offsets, `prep` = the prep kernels' leading
     arguments, flags, gains, solver flags); absent optional tensors are stood in for by k or β (never read)."""
@@ -768,41 +756,65 @@ def _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision, beta_aware, 
     return NC, offsets, prep, flags, gains, _solver_flags(C, solver, precision)
 
 
-def _inverse(solver, inverse, prep, cu_seqlens, gains, flags, solve):
-    """The blockwise solver's P: `inverse` when the caller kept it from an earlier call on the same inputs (its
-    shape checked), else formed here; for the other solvers, whose prep kernels form P in registers, a stand-in."""
-    k = prep[0]
-    if solver != "blockwise":
-        if inverse is not None:
-            raise ValueError(f"inverse: only the blockwise solver takes a kept inverse, not {solver!r}")
-        return k
-    (B, T, H), C = k.shape[:3], flags["C"]
-    if inverse is None:
-        return _blockwise_inverse(prep, cu_seqlens, B, T, H, C, gains, flags, solve)
+def _check_inverse(inverse, k, C, name) -> None:
+    B, T, H, _ = k.shape
     if inverse.shape != (B * T, H, C) or inverse.dtype != torch.float32:
-        raise ValueError(f"inverse must be float32 of shape {(B * T, H, C)}, got {inverse.dtype} {tuple(inverse.shape)}")
-    return inverse
+        raise ValueError(f"{name} must be float32 of shape {(B * T, H, C)}, got {inverse.dtype} {tuple(inverse.shape)}")
+
+
+def _inverse(solver, inverse, k, C, inverse_out=None):
+    """The prep kernels' P argument and mode: `inverse` when the caller kept it from an earlier call on the same
+    inputs (HAS_INV), else for the blockwise solver the tensor the prep kernel forms P in (`inverse_out` or a new
+    one; BLOCKWISE), and for the other solvers, whose prep kernels form P in registers, a stand-in."""
+    if solver != "blockwise":
+        if inverse is not None or inverse_out is not None:
+            raise ValueError(f"inverse, inverse_out: only the blockwise solver keeps an inverse, not {solver!r}")
+        return k, dict(HAS_INV=False, BLOCKWISE=False)
+    if inverse is not None:
+        if inverse_out is not None:
+            raise ValueError("inverse_out: P is given (inverse), not formed")
+        _check_inverse(inverse, k, C, "inverse")
+        return inverse, dict(HAS_INV=True, BLOCKWISE=False)
+    if inverse_out is not None:
+        _check_inverse(inverse_out, k, C, "inverse_out")
+        return inverse_out, dict(HAS_INV=False, BLOCKWISE=True)
+    B, T, H, _ = k.shape
+    return torch.empty(B * T, H, C, dtype=torch.float32, device=k.device), dict(HAS_INV=False, BLOCKWISE=True)
+
+
+def _formed_inverse(NC, prep, flags, gains, solve) -> torch.Tensor:
+    """Every chunk's P, by the blockwise solver in one launch of the prep kernel (P_ONLY)."""
+    k = prep[0]
+    _, T, H, K = k.shape
+    inv, mode = _inverse("blockwise", None, k, flags["C"])
+    phase1_chunk_prep_kernel[(NC, H)](
+        *prep, inv, inv, inv, T, H, K, EPS, **gains, **flags, **solve, **mode, P_ONLY=True,
+        **_parallel_launch("prep", flags["C"], flags["BK"]),
+    )
+    return inv
 
 
 def chunk_inverses(k, beta, r, eta, *, beta_aware, normalize, cu_seqlens, chunk_size: int = 64,
                    precision: str = "ieee") -> torch.Tensor:
-    """Every chunk's P = (I + L)⁻¹ [B·T, H, C] float32, as the blockwise solver forms it: what phase1_fwd_chunk and
-    phase1_bwd_chunk take as `inverse`, so that a backward reuses its forward's (chunk_osdn keeps it: one
-    [B·T, H, C] float32 tensor instead of an L pass and a solve launch in the backward)."""
-    _, _, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, chunk_size, "blockwise", precision,
-                                                   beta_aware, normalize)
-    return _inverse("blockwise", None, prep, cu_seqlens, gains, flags, solve)
+    """Every chunk's P = (I + L)⁻¹ [B·T, H, C] float32, rows by token, as the blockwise solver forms it: what
+    phase1_fwd_chunk and phase1_bwd_chunk take as `inverse`. chunk_osdn's forward forms it with Tq and u⁰ in one
+    launch instead (phase1_fwd_chunk's `inverse_out`)."""
+    NC, _, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, chunk_size, "blockwise", precision,
+                                                    beta_aware, normalize)
+    return _formed_inverse(NC, prep, flags, gains, solve)
 
 
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
                      chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
                      store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True, inverse=None,
-                     group: int | None = None, stats: torch.Tensor | None = None):
+                     inverse_out: torch.Tensor | None = None, group: int | None = None,
+                     stats: torch.Tensor | None = None):
     """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K]
     float32), and with
     `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
     d_t or final d of the unclipped scan leaves bounds = (d_min, d_max), or None). When `outside` is 0 the clip
     never acts, so the unclipped result is the clipped scan's exactly. `inverse`: chunk_inverses' P (blockwise).
+    `inverse_out`: a float32 [B·T, H, C] tensor that receives the P this call forms (blockwise, no `inverse`).
     `group`: the chain walks groups of that many chunks (chain_group; _group_entries), else one chunk at a time.
     `stats`: a float32 [2, B, T, H] tensor that receives each token's s_t = ⟨d_t, a_t⟩ and ‖k_t‖² for the backward
     (phase1_bwd_chunk's `stats`)."""
@@ -823,10 +835,10 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     x0 = torch.empty(NC, H, K, **f32)
     d_all = torch.empty(B, T, H, K, **f32) if store_d else None
     d_final = torch.empty(N, H, K, **f32)
-    inv = _inverse(solver, inverse, prep, cu_seqlens, gains, flags, solve)
+    inv, mode = _inverse(solver, inverse, k, C, inverse_out)
     phase1_chunk_prep_kernel[(NC, H)](
-        *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve,
-        HAS_INV=solver == "blockwise", STORE_L=False, **_parallel_launch("prep", C, BK),
+        *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve, **mode, P_ONLY=False,
+        **_parallel_launch("prep", C, BK),
     )
     programs, x_grp, gseq, gfirst = N, d_final, offsets, offsets
     if group:
@@ -887,10 +899,12 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     p = torch.empty(B, T, H, **f32)
     lam_end = torch.empty(NC, H, K, **f32)
     dd0 = torch.empty(N, H, K, **f32)
-    inv = _inverse(solver, inverse, prep, cu_seqlens, gains, flags, solve)
+    if solver == "blockwise" and inverse is None:
+        inverse = _formed_inverse(NC, prep, flags, gains, solve)
+    inv, mode = _inverse(solver, inverse, k, C)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
         *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, T, H, K, EPS, **gains, **flags, **solve,
-        HAS_INV=solver == "blockwise", FUSED=fused, **_parallel_launch("bwd_prep", C, BK),
+        HAS_INV=mode["HAS_INV"], FUSED=fused, **_parallel_launch("bwd_prep", C, BK),
     )
     programs, x_grp, gseq, gfirst = N, dd0, offsets, offsets
     if group:

@@ -10,7 +10,8 @@ Off-diagonal blocks from the block rows above (X = (I + A)⁻¹, D_b its diagona
     X_bc = −D_b Σ_{c≤m<b} A_bm X_mc
 
 All in float32 (IEEE dots: 16×16 tiles are too small for the tensor cores to matter); the result is stored in
-the input dtype for the W, U products that follow.
+the input dtype for the W, U products that follow. Phase 1's chunk form runs the same inverse in place inside its prep kernel
+(`invert_chunk`, IN_PLACE), on the L it has just stored.
 """
 from __future__ import annotations
 
@@ -54,20 +55,20 @@ def _mm(a, b):
 
 
 @triton.jit
-def solve_kernel(A, Ainv, cu_seqlens, chunk_indices, H, BT: tl.constexpr):
-    i_t, i_h = tl.program_id(0), tl.program_id(1)
-    i_n = tl.load(chunk_indices + i_t * 2)
-    i_c = tl.load(chunk_indices + i_t * 2 + 1)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
-    t0 = bos + i_c * BT
+def invert_chunk(A, Ainv, t0, eos, i_h, H, BT: tl.constexpr, IN_PLACE: tl.constexpr):
+    """(I + A)⁻¹ of the chunk starting at token t0, stored in Ainv. IN_PLACE (Ainv is A): a barrier before each
+    group of stores, so that no thread overwrites a block that another has yet to read (each group's rows are read
+    only by the blocks stored in it)."""
     zero = tl.zeros([16, 16], dtype=tl.float32)
-
     D0 = _diagonal_inverse(A, t0, eos, 0, i_h, H, BT)
+    if IN_PLACE:
+        tl.debug_barrier()
     _store_block(Ainv, D0, t0, eos, 0, 0, i_h, H, BT)
     if BT >= 32:
         D1 = _diagonal_inverse(A, t0, eos, 1, i_h, H, BT)
         X10 = -_mm(D1, _mm(_block(A, t0, eos, 1, 0, i_h, H, BT), D0))
+        if IN_PLACE:
+            tl.debug_barrier()
         _store_block(Ainv, zero, t0, eos, 0, 1, i_h, H, BT)
         _store_block(Ainv, X10, t0, eos, 1, 0, i_h, H, BT)
         _store_block(Ainv, D1, t0, eos, 1, 1, i_h, H, BT)
@@ -84,6 +85,8 @@ def solve_kernel(A, Ainv, cu_seqlens, chunk_indices, H, BT: tl.constexpr):
             X32 = -_mm(D3, _mm(A32, D2))
             X31 = -_mm(D3, _mm(A31, D1) + _mm(A32, X21))
             X30 = -_mm(D3, _mm(A30, D0) + _mm(A31, X10) + _mm(A32, X20))
+            if IN_PLACE:
+                tl.debug_barrier()
             for c in range(2, 4):
                 _store_block(Ainv, zero, t0, eos, 0, c, i_h, H, BT)
                 _store_block(Ainv, zero, t0, eos, 1, c, i_h, H, BT)
@@ -95,6 +98,16 @@ def solve_kernel(A, Ainv, cu_seqlens, chunk_indices, H, BT: tl.constexpr):
             _store_block(Ainv, X31, t0, eos, 3, 1, i_h, H, BT)
             _store_block(Ainv, X32, t0, eos, 3, 2, i_h, H, BT)
             _store_block(Ainv, D3, t0, eos, 3, 3, i_h, H, BT)
+
+
+@triton.jit
+def solve_kernel(A, Ainv, cu_seqlens, chunk_indices, H, BT: tl.constexpr):
+    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    i_n = tl.load(chunk_indices + i_t * 2)
+    i_c = tl.load(chunk_indices + i_t * 2 + 1)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    invert_chunk(A, Ainv, bos + i_c * BT, eos, i_h, H, BT, IN_PLACE=False)
 
 
 def unit_lower_inverse(A: torch.Tensor, cu_seqlens, chunk_indices, dtype, **launch_options) -> torch.Tensor:
