@@ -30,7 +30,8 @@ def chunk_inverse_f64(A, cu_seqlens, C):
 
 @settings(max_examples=6, deadline=None)
 @given(C=st.sampled_from([16, 32, 64]), H=st.integers(1, 2),
-       lengths=st.lists(st.integers(1, 150), min_size=1, max_size=3), scale=st.sampled_from([0.05, 0.3]), seed=st.integers(0, 2**16))
+       lengths=st.lists(st.integers(1, 150), min_size=1, max_size=3), scale=st.sampled_from([0.05, 0.3]),
+       seed=st.integers(0, 2**16))
 def test_solve_matches_float64_inverse(C, H, lengths, scale, seed):
     gen = torch.Generator().manual_seed(seed)
     T = sum(lengths)
