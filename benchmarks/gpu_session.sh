@@ -27,6 +27,7 @@
 #       (phase 1's chunk-form kernels swept at chunk_osdn's tiles: the walked chains' stages at (2, 4096, 32, 64) for
 #       K = 64 (version 19), at (4, 4096) from that pick, then the grouped chains' at (1, 16384) from both, then the
 #       whole op with all picks; version 18; the --tuning then names $OUT/grouped/tuning.json)
+#       SWEEP_ARGS go to the K = 64 and K = 128 sweeps, e.g. "--phase1-space 16,32,64:2,4:1,3" (version 22: two warps)
 #   STEPS="pytest ab" AB_BASE=.work/base AB_ARGS="--ops osdn --shapes 4x4096x16x128" bash benchmarks/gpu_session.sh
 #       (a kernel change before its validation: the whole op, this tree against a base checkout carried as .work/base,
 #       alternating AB_ROUNDS times in one call; version 20)
@@ -60,10 +61,10 @@ if has sweep_phase1; then  # K = 64, then K = 128 from its pick, then the groupe
     from() { [[ -f $1 ]] && echo "--tuning $1"; }
     (( ${SWEEP_K64_S:-150} > 0 )) && step sweep_k64 "${SWEEP_K64_S:-150}" python3 benchmarks/profile_phase2.py \
         --out "$OUT/k64" --sweep-only --sweep-budget "$(( ${SWEEP_K64_S:-150} - 40 ))" --shape 2x4096x32x64 \
-        --stages "${SWEEP_K64_STAGES:-$P1_STAGES}"
+        --stages "${SWEEP_K64_STAGES:-$P1_STAGES}" ${SWEEP_ARGS:-}
     (( ${SWEEP_WALKED_S:-330} > 0 )) && step sweep_walked "${SWEEP_WALKED_S:-330}" python3 benchmarks/profile_phase2.py \
         --out "$OUT/walked" --sweep-only --sweep-budget "$(( ${SWEEP_WALKED_S:-330} - 40 ))" --shape 4x4096x16x128 \
-        --stages "${SWEEP_WALKED_STAGES:-$P1_STAGES}" $(from "$OUT/k64/tuning.json")
+        --stages "${SWEEP_WALKED_STAGES:-$P1_STAGES}" ${SWEEP_ARGS:-} $(from "$OUT/k64/tuning.json")
     (( ${SWEEP_GROUPED_S:-90} > 0 )) && step sweep_grouped "${SWEEP_GROUPED_S:-90}" python3 benchmarks/profile_phase2.py \
         --out "$OUT/grouped" --sweep-only --sweep-budget "$(( ${SWEEP_GROUPED_S:-90} - 40 ))" --shape 1x16384x16x128 \
         --stages phase1_group_map,phase1_group_walk $(from "$OUT/walked/tuning.json")

@@ -260,6 +260,9 @@ def main(argv=None):
                                      "the grouped chains' phase1_group_map, phase1_group_walk)")
     ap.add_argument("--state-space", help="the state chain's sweep space instead of STATE_SPACE, as "
                                           "BV:warps:stages with comma-separated values, e.g. 32,64:4,8:3")
+    ap.add_argument("--space", help="the other phase-2 stages' space instead of SPACE, as BV:warps:stages")
+    ap.add_argument("--phase1-space", help="phase 1's chunk-parallel kernels' space instead of PHASE1_SPACE, as "
+                                           "KB:warps:stages, e.g. 16,32,64:2,4:1,3")
     ap.add_argument("--sweep-only", action="store_true",
                     help="only the sweep, its best applied into tuning.json: no whole-op medians, kernel tables or "
                          "tuned run (a short device call)")
@@ -267,11 +270,14 @@ def main(argv=None):
                                      "earlier sweep's tuning.json: the next sweep starts from it)")
     args = ap.parse_args(argv)
     shape = tuple(int(n) for n in args.shape.split("x"))
-    if args.state_space:
-        values = [tuple(int(v) for v in part.split(",")) for part in args.state_space.split(":")]
-        if len(values) != 3:
-            ap.error("--state-space: BV:warps:stages")
-        STATE_SPACE.update(zip(("BV", "num_warps", "num_stages"), values))
+    for flag, value, space, tile in (("--state-space", args.state_space, STATE_SPACE, "BV"),
+                                     ("--space", args.space, SPACE, "BV"),
+                                     ("--phase1-space", args.phase1_space, PHASE1_SPACE, "KB")):
+        if value:
+            values = [tuple(int(v) for v in part.split(",")) for part in value.split(":")]
+            if len(values) != 3:
+                ap.error(f"{flag}: {tile}:warps:stages")
+            space.update(zip((tile, "num_warps", "num_stages"), values))
     import triton
 
     import osdn_fast
@@ -292,7 +298,7 @@ def main(argv=None):
                   gpu=torch.cuda.get_device_name(), torch=torch.__version__, triton=triton.__version__,
                   fla="missing" if fla is None else "0.6.0", shape=shape, options=OPTIONS,
                   committed_tuning=committed, applied_tuning=applied)
-    result["state_space"] = STATE_SPACE
+    result["state_space"], result["space"], result["phase1_space"] = STATE_SPACE, SPACE, PHASE1_SPACE
     if not args.sweep_only:
         result["committed"], result["kernels"] = whole_op(x, fla), op_kernels(x, fla, osdn_fwd, do)
         save(args.out, "profile_phase2.json", result)
