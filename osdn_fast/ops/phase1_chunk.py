@@ -248,8 +248,11 @@ def phase1_chunk_state_kernel(
         a, _, _, _, _, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
         uc = u0_c - tl.sum(tq_c * tl.sum(a * x[None, :], axis=1)[None, :], axis=1)
         tl.store(u + t * H + h, uc, mask=valid)
-        g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-        x = tl.exp(g_end) * x + tl.sum((tl.exp(g_end - g_incl) * uc)[:, None] * a, axis=0)
+        if HAS_R:
+            g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
+            x = tl.exp(g_end) * x + tl.sum((tl.exp(g_end - g_incl) * uc)[:, None] * a, axis=0)
+        else:  # no retention: every decay is e⁰ = 1
+            x = x + tl.sum(uc[:, None] * a, axis=0)
     if hi == c_last:
         tl.store(d_final + (n * H + h) * K + offs, x, mask=mask)
         if HAS_MIN or HAS_MAX:
@@ -418,8 +421,11 @@ def phase1_chunk_bwd_state_kernel(
         a, _, c, _, g, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
         pc = pg_c + tl.sum(tp_c * tl.sum(a * lam[None, :], axis=1)[None, :], axis=1)
         tl.store(p + t * H + h, pc, mask=valid)
-        g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-        lam = tl.exp(g_end) * lam + hg_c - tl.sum((tl.exp(g) * c * pc)[:, None] * a, axis=0)
+        if HAS_R:
+            g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
+            lam = tl.exp(g_end) * lam + hg_c - tl.sum((tl.exp(g) * c * pc)[:, None] * a, axis=0)
+        else:  # no retention: every decay is e⁰ = 1
+            lam = lam + hg_c - tl.sum((c * pc)[:, None] * a, axis=0)
     if lo == c_first:
         tl.store(dd0 + (n * H + h) * K + offs, lam, mask=mask)
 

@@ -11,7 +11,8 @@ phase1_chunk._parallel_launch) and the walked chains (`phase1_state`, `phase1_bw
 from their sweep at (4, 4096, 16, 128), each timed by the phase-1 forward or backward that launches it (the
 backward's with the forward's kept stats), and their `_k64` entries (phase1_chunk.tuning_key: the same chunks at K = 64;
 version 19) from their sweep at (2, 4096, 32, 64); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`)
-from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. Kept apart from the kernels: these
+from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. The four chunk-parallel kernels run two
+warps (version 22: swept over 2 and 4 warps at both key blocks; more programs in flight per multiprocessor). Kept apart from the kernels: these
 numbers change only how the work is split (at most the order of float32 sums), so the GPU validation
 (book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest covers every other
 file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
@@ -31,16 +32,16 @@ TUNING = {
     "output_fwd": dict(BV=64, num_warps=4, num_stages=2),
     "output_bwd_local": dict(BV=64, num_warps=4, num_stages=3),
     "output_bwd": dict(BV=64, num_warps=4, num_stages=2),
-    "phase1_prep": dict(KB=64, num_warps=4, num_stages=1),
-    "phase1_out": dict(KB=32, num_warps=4, num_stages=3),
-    "phase1_bwd_prep": dict(KB=16, num_warps=4, num_stages=3),
-    "phase1_bwd_out": dict(KB=64, num_warps=4, num_stages=2),
+    "phase1_prep": dict(KB=16, num_warps=2, num_stages=3),
+    "phase1_out": dict(KB=32, num_warps=2, num_stages=3),
+    "phase1_bwd_prep": dict(KB=32, num_warps=2, num_stages=1),
+    "phase1_bwd_out": dict(KB=32, num_warps=2, num_stages=3),
     "phase1_state": dict(num_warps=4, num_stages=1),
     "phase1_bwd_state": dict(num_warps=4, num_stages=1),
-    "phase1_prep_k64": dict(KB=64, num_warps=4, num_stages=3),
-    "phase1_out_k64": dict(KB=64, num_warps=4, num_stages=3),
-    "phase1_bwd_prep_k64": dict(KB=16, num_warps=4, num_stages=3),
-    "phase1_bwd_out_k64": dict(KB=64, num_warps=4, num_stages=2),
+    "phase1_prep_k64": dict(KB=16, num_warps=2, num_stages=1),
+    "phase1_out_k64": dict(KB=64, num_warps=2, num_stages=1),
+    "phase1_bwd_prep_k64": dict(KB=64, num_warps=2, num_stages=1),
+    "phase1_bwd_out_k64": dict(KB=64, num_warps=2, num_stages=2),
     "phase1_state_k64": dict(num_warps=4, num_stages=2),
     "phase1_bwd_state_k64": dict(num_warps=4, num_stages=2),
     "phase1_group_map": dict(BN=128, num_warps=4, num_stages=1),
