@@ -11,11 +11,11 @@ phase1_chunk._parallel_launch) and the walked chains (`phase1_state`, `phase1_bw
 from their sweep at (4, 4096, 16, 128), each timed by the phase-1 forward or backward that launches it (the
 backward's with the forward's kept stats), and their `_k64` entries (phase1_chunk.tuning_key: the same chunks at K = 64;
 version 19) from their sweep at (2, 4096, 32, 64); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`)
-from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. The four chunk-parallel kernels run two
-warps (version 22: swept over 2 and 4 warps at both key blocks; more programs in flight per multiprocessor). Kept apart from the kernels: these
-numbers change only how the work is split (at most the order of float32 sums), so the GPU validation
-(book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest covers every other
-file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
+from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. The four chunk-parallel kernels
+run two warps (version 22: swept over 2 and 4 warps at both key blocks; more programs in flight per multiprocessor).
+Kept apart from the kernels: these numbers change only how the work is split (at most the order of float32 sums), so
+the GPU validation (book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest
+covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
 """
 
 TUNING = {
