@@ -12,7 +12,8 @@ from their sweep at (4, 4096, 16, 128), each timed by the phase-1 forward or bac
 backward's with the forward's kept stats), and their `_k64` entries (phase1_chunk.tuning_key: the same chunks at K = 64;
 version 19) from their sweep at (2, 4096, 32, 64); the grouped chains' map (map-column block BN) and walk (`phase1_group_*`)
 from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. The four chunk-parallel kernels
-run two warps (version 22: swept over 2 and 4 warps at both key blocks; more programs in flight per multiprocessor).
+run two warps (version 22: swept over 2 and 4 warps at both key blocks; more programs in flight per multiprocessor), and so does
+the `wu` stage of phase 2 (version 23: phase 2's stages swept over 2 and 4 warps at (4, 4096, 16, 128); only `wu` gained).
 Kept apart from the kernels: these numbers change only how the work is split (at most the order of float32 sums), so
 the GPU validation (book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest
 covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
@@ -21,7 +22,7 @@ covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch)
 TUNING = {
     "gram": dict(num_warps=4, num_stages=1),
     "solve": dict(num_warps=2, num_stages=1),
-    "wu": dict(BV=64, num_warps=4, num_stages=2),
+    "wu": dict(BV=64, num_warps=2, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
     "state_fwd": dict(BV=64, num_warps=4, num_stages=3),
     "state_bwd": dict(BV=64, num_warps=8, num_stages=3),
