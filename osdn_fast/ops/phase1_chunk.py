@@ -190,7 +190,7 @@ def phase1_chunk_prep_kernel(
     if BLOCKWISE:
         tl.store(inv + by_token, _decay_lower(gram, c, g, g_incl, C), mask=valid[:, None])
         tl.debug_barrier()  # L visible to every thread of the program
-        invert_chunk(inv, inv, cs, eos, h, H, C, IN_PLACE=True, SIDE_BY_SIDE=False)
+        invert_chunk(inv, inv, cs, eos, h, H, C, IN_PLACE=True, SIDE_BY_SIDE=True)
         if P_ONLY:
             return
         tl.debug_barrier()  # P visible likewise

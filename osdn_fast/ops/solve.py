@@ -14,7 +14,7 @@ Off-diagonal blocks from the block rows above (X = (I + A)⁻¹, D_b its diagona
 
 All in float32 (IEEE dots: 16×16 tiles are too small for the tensor cores to matter); the result is stored in
 the input dtype for the W, U products that follow. Phase 1's chunk form runs the same inverse in place inside its
-prep kernel (`invert_chunk`, IN_PLACE, one block at a time), on the L it has just stored.
+prep kernel (`invert_chunk`, IN_PLACE, its diagonal blocks side by side), on the L it has just stored.
 """
 from __future__ import annotations
 
