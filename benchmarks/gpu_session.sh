@@ -19,6 +19,8 @@
 #   STEPS=validate VALIDATE_S=580 bash benchmarks/gpu_session.sh   # a validation to commit, in a call of its own: on a
 #       cold machine the 875 rows took ~470 s and a 475-s limit cut the timings after them (2026-11-30);
 #       VALIDATE_ARGS=--no-timing checks the rows only (a file without timings does not pass the data tests)
+#   STEPS=validate VALIDATE_ARGS="--resume .work/v24val/gpu_validation.json" bash benchmarks/gpu_session.sh
+#       (carry the file of a validation its limit cut: only the cases it lacks run, then the timings; version 24)
 #   STEPS=bench BENCH_ARGS=--cudagraph BENCH_S=590 bash benchmarks/gpu_session.sh   # the suite with CUDA-graph medians
 #   STEPS=bench BENCH_ARGS="--cudagraph --resume .work/suite/bench_suite.json" BENCH_S=570 bash benchmarks/gpu_session.sh
 #       (carry .work/suite, the files of a call whose limit cut the suite: the next call times only what it lacks)

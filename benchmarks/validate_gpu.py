@@ -202,6 +202,11 @@ def timings(shape, device):
     return rows
 
 
+def case_key(dtype, gate, clip, eta, apf, phase1, shape, cu_seqlens):
+    """What tells one validated case from another: its run (dtype, gate, options, phase-1 form) and its shape."""
+    return dtype, bool(gate), bool(clip), eta, bool(apf), phase1, tuple(shape), str(cu_seqlens)
+
+
 def write(out_dir, result):
     """(Re)write gpu_validation.json and .csv: called after every case, so a run cut short keeps its rows."""
     os.makedirs(out_dir, exist_ok=True)
@@ -221,6 +226,8 @@ def main(argv=None):
     parser.add_argument("--no-timing", action="store_true")
     parser.add_argument("--tuning", help="JSON {stage: launch settings} applied over osdn_fast.ops.tuning.TUNING "
                                          "(e.g. profile_phase2.py's best) and recorded")
+    parser.add_argument("--resume", help="a gpu_validation.json cut short (same kernels and TUNING): keep its rows and "
+                                         "run only the cases it lacks")
     args = parser.parse_args(argv)
     import triton
 
@@ -243,6 +250,16 @@ def main(argv=None):
         options=OPTIONS, unclipped=UNCLIPPED, idle_clip=IDLE_CLIP,
         kernel_digest=kernel_digest(), tuning=TUNING, complete=False, all_ok=None, rows=[], timings=[],
     )
+    done = set()
+    if args.resume:
+        with open(args.resume) as f:
+            cut = json.load(f)
+        if (cut["kernel_digest"], cut["tuning"], cut["smoke"]) != (result["kernel_digest"], TUNING, args.smoke):
+            sys.exit(f"--resume: {args.resume} validated other kernels, launch settings or shapes")
+        result["rows"] = cut["rows"]
+        result["resumed_from"] = dict(date=cut["date"], rows=len(cut["rows"]))
+        done = {case_key(r["dtype"], r["gate"] == "gdn", r["clip"], r["eta"], r["apf"], r["phase1"],
+                         (r["B"], r["T"], r["H"], r["D"]), r["cu_seqlens"]) for r in cut["rows"]}
     runs = [(dtype, gate, OPTIONS, "auto") for dtype in (torch.bfloat16, torch.float16) for gate in (False, True)]
     runs += [(torch.bfloat16, gate, UNCLIPPED, "auto") for gate in (False, True)]
     runs += [(torch.bfloat16, gate, UNCLIPPED, "chunked") for gate in (False, True)]
@@ -251,6 +268,9 @@ def main(argv=None):
     runs += [(torch.bfloat16, False, UNCLIPPED, "grouped")]
     for dtype, gate, options, phase1 in runs:
         for shape, cu in cases:
+            if case_key(str(dtype).replace("torch.", ""), gate, "d_min" in options, options["eta"], options.get("apf", False),
+                        phase1, shape, None if cu is None else list(cu)) in done:
+                continue
             t = time.perf_counter()
             new = validate(shape, dtype, gate, cu, device, options, phase1)
             result["rows"] += new
