@@ -129,6 +129,7 @@ def chunked_phase1_jobs(BK):
 # the rest (gates' cumulative sums, states in and out, the float32 gradients) are float32.
 INPUT_DTYPE = {"q", "k", "kt", "kt_out", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
                "du_local", "dM_scratch", "dq", "dw", "dv"}  # A (the solve's input) is float32
+FLOAT32_IN = {"osdn_fast.ops.phase1_chunk": {"u"}}  # names that are float32 in one module: phase 1's chunk-form u
 
 
 def signature(kernel, constexprs, none_args, dtype):
@@ -153,7 +154,8 @@ def signature(kernel, constexprs, none_args, dtype):
                       "group_seq", "group_first", "group_offsets"):
             types[name] = "*i32"
         else:
-            types[name] = f"*{dtype}" if name in INPUT_DTYPE else "*fp32"
+            as_input = name in INPUT_DTYPE and name not in FLOAT32_IN.get(kernel.fn.__module__, ())
+            types[name] = f"*{dtype}" if as_input else "*fp32"
         if types[name] != "fp32":
             attrs[(i,)] = [["tt.divisibility", 16]]
     return types, consts, attrs

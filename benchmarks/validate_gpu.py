@@ -234,8 +234,9 @@ def main(argv=None):
     from osdn_fast.ops.tuning import TUNING
 
     if args.tuning:
-        with open(args.tuning) as f:
-            TUNING.update(json.load(f))
+        from profile_phase2 import apply_tuning  # benchmarks/ is on sys.path when this script runs
+
+        apply_tuning(args.tuning)
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shapes = SMOKE_SHAPES if args.smoke else SHAPES
