@@ -305,9 +305,9 @@ def test_phase1_chunk_backward_releases_its_chain_before_its_outputs(monkeypatch
     held, seen = {}, {}
 
     def on_prep(args):
-        tp, pg, hg = args[-7:-4]
+        tp, pg, hg, cg = args[-8:-4]
         assert tp.dim() == 4 and tp.shape[-1] == tp.shape[-2] == 16 and tp.dtype == torch.float32
-        held.update(tp=weakref.ref(tp), pg=weakref.ref(pg), hg=weakref.ref(hg))
+        held.update(tp=weakref.ref(tp), pg=weakref.ref(pg), hg=weakref.ref(hg), cg=weakref.ref(cg))
 
     monkeypatch.setattr(p1c, "phase1_chunk_bwd_prep_kernel", Spy(p1c.phase1_chunk_bwd_prep_kernel, on_prep))
     monkeypatch.setattr(p1c, "phase1_chunk_bwd_out_kernel", Spy(
@@ -321,7 +321,7 @@ def test_phase1_chunk_backward_releases_its_chain_before_its_outputs(monkeypatch
                                     chunk_size=16)
     dk, *_ = p1c.phase1_bwd_chunk(k, beta, None, eta_h, d_all, torch.randn(d_all.shape, generator=gens).to(DEVICE),
                                   dd_final, beta_aware=True, normalize=True, cu_seqlens=None, chunk_size=16)
-    assert set(held) == {"tp", "pg", "hg"} and seen["alive"] == [] and torch.isfinite(dk).all()
+    assert set(held) == {"tp", "pg", "hg", "cg"} and seen["alive"] == [] and torch.isfinite(dk).all()
 
 
 @pytest.mark.parametrize("eta, r, acted", [(0.01, False, False), (2.0, False, True), (0.01, True, False),

@@ -378,12 +378,13 @@ def phase1_chunk_bwd_prep_kernel(
 
 @triton.jit
 def phase1_chunk_bwd_state_kernel(
-    k, beta, r, gd_final, eta, chunk_offsets, cu_seqlens, tp, pg, hg, cg, p, lam_end, dd0, x_grp, group_seq, group_first,
-    T, H, K, eps,
-    HAS_R: tl.constexpr, HAS_GD_FINAL: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
+    k, r, gd_final, chunk_offsets, cu_seqlens, tp, pg, hg, cg, p, lam_end, dd0, x_grp, group_seq, group_first,
+    T, H, K,
+    HAS_R: tl.constexpr, HAS_GD_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+    G: tl.constexpr,
 ):
-    """Reverse over the chunks of (n, h): p = pᵍ + Tp (A λ), λ ← e^{Γ} λ + hᵍ − Aᵀ(e^{γ} c p); dd_0 = λ.
+    """Reverse over the chunks of (n, h): p = pᵍ + Tp (A λ), λ ← e^{Γ} λ + hᵍ − Aᵀ(e^{γ} c ⊙ p) with each token's
+    e^{γ} c read from `cg` (the prep kernel's), so a step forms no gains; dd_0 = λ.
     G > 0: one program per group of G chunks instead, starting from the λ leaving it, x_grp (group_walk)."""
     h = tl.program_id(1)
     offs = tl.arange(0, BK)
@@ -402,20 +403,19 @@ def phase1_chunk_bwd_state_kernel(
             lam = tl.zeros([BK], dtype=tl.float32)
     bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
-    eta_h = tl.load(eta + h).to(tl.float32)
     cc = rows[:, None] * C + rows[None, :]
     cl = hi - 1
-    tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos + (cl - c_first) * C, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
+    tn, vn, kn, _, lrn = _chunk_load(k, r, r, bos + (cl - c_first) * C, eos, h, H, K, HAS_R, False, C, BK)
     tpn = tl.load(tp + (cl * H + h) * C * C + cc)
     pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
     cgn = tl.load(cg + tn * H + h, mask=vn, other=0.0)
     hgn = tl.load(hg + (cl * H + h) * K + offs, mask=mask, other=0.0)
     for j in range(0, hi - lo):  # chunks in reverse; the previous chunk's inputs are loaded one step ahead
         ci = cl - j
-        t, valid, kt, b, lr, tp_c, pg_c, cg_c, hg_c = tn, vn, kn, bn, lrn, tpn, pgn, cgn, hgn
+        t, valid, kt, lr, tp_c, pg_c, cg_c, hg_c = tn, vn, kn, lrn, tpn, pgn, cgn, hgn
         more = ci > lo
-        tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, tl.where(more, bos + (ci - 1 - c_first) * C, eos), eos, h, H, K,
-                                          HAS_R, BETA_AWARE, C, BK)
+        tn, vn, kn, _, lrn = _chunk_load(k, r, r, tl.where(more, bos + (ci - 1 - c_first) * C, eos), eos, h, H, K,
+                                         HAS_R, False, C, BK)
         tpn = tl.load(tp + ((ci - 1) * H + h) * C * C + cc, mask=cc < tl.where(more, C * C, 0), other=0.0)
         pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
         cgn = tl.load(cg + tn * H + h, mask=vn, other=0.0)
@@ -922,8 +922,8 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         programs, x_grp, gseq, gfirst = _group_entries(prep, offsets, cu_seqlens, tp, pg, hg, gd_final, dd0, group,
                                                        flags, gains, precision, reverse=True)
     phase1_chunk_bwd_state_kernel[(programs, H)](
-        k, beta, r_, gd_final if gd_final is not None else dd0, eta, offsets, cu, tp, pg, hg, cg, p, lam_end, dd0,
-        x_grp, gseq, gfirst, T, H, K, EPS, HAS_GD_FINAL=gd_final is not None, **gains, **flags, G=group or 0,
+        k, r_, gd_final if gd_final is not None else dd0, offsets, cu, tp, pg, hg, cg, p, lam_end, dd0,
+        x_grp, gseq, gfirst, T, H, K, HAS_GD_FINAL=gd_final is not None, **flags, G=group or 0,
         **_chain_launch("bwd_state", C, BK),
     )
     # the chain's C×C maps are read no more: released before the outputs are allocated (the peak at K = 64, NOTES)
