@@ -299,15 +299,18 @@ def test_phase2_backward_releases_buffers_at_their_last_use(monkeypatch):
 
 
 def test_phase1_chunk_backward_releases_its_chain_before_its_outputs(monkeypatch):
-    """phase1_bwd_chunk drops its chain's C×C maps (and their gains) once the reverse chain has run, so ∂k, ∂β,
-    ∂r and ∂η are allocated into their room: at K = 64 the maps are two bf16 [B, T, H, K] units (NOTES, v16)."""
+    """phase1_bwd_chunk drops its chain's C×C maps (and their gains and decays) once the reverse chain has run, so
+    ∂k, ∂β, ∂r and ∂η are allocated into their room: at K = 64 the maps are two bf16 [B, T, H, K] units (NOTES, v16).
+    Run with APF's r, so that the chunks' decays exist."""
     import osdn_fast.ops.phase1_chunk as p1c
     held, seen = {}, {}
 
     def on_prep(args):
-        tp, pg, hg, cg = args[-8:-4]
+        tp, pg, hg, cg, ge = args[-9:-4]
         assert tp.dim() == 4 and tp.shape[-1] == tp.shape[-2] == 16 and tp.dtype == torch.float32
-        held.update(tp=weakref.ref(tp), pg=weakref.ref(pg), hg=weakref.ref(hg), cg=weakref.ref(cg))
+        assert ge.shape == tp.shape[:2]
+        held.update(tp=weakref.ref(tp), pg=weakref.ref(pg), hg=weakref.ref(hg), cg=weakref.ref(cg),
+                    ge=weakref.ref(ge))
 
     monkeypatch.setattr(p1c, "phase1_chunk_bwd_prep_kernel", Spy(p1c.phase1_chunk_bwd_prep_kernel, on_prep))
     monkeypatch.setattr(p1c, "phase1_chunk_bwd_out_kernel", Spy(
@@ -317,11 +320,12 @@ def test_phase1_chunk_backward_releases_its_chain_before_its_outputs(monkeypatch
     eta_h = torch.full((2,), 0.5, device=DEVICE)
     gens = torch.Generator().manual_seed(4)
     dd_final = torch.randn(2, 2, 8, generator=gens).to(DEVICE)
-    d_all, _ = p1c.phase1_fwd_chunk(k, beta, None, None, eta_h, beta_aware=True, normalize=True, cu_seqlens=None,
+    r = (0.9 + 0.1 * torch.rand(beta.shape, generator=gens)).to(DEVICE)
+    d_all, _ = p1c.phase1_fwd_chunk(k, beta, r, None, eta_h, beta_aware=True, normalize=True, cu_seqlens=None,
                                     chunk_size=16)
-    dk, *_ = p1c.phase1_bwd_chunk(k, beta, None, eta_h, d_all, torch.randn(d_all.shape, generator=gens).to(DEVICE),
+    dk, *_ = p1c.phase1_bwd_chunk(k, beta, r, eta_h, d_all, torch.randn(d_all.shape, generator=gens).to(DEVICE),
                                   dd_final, beta_aware=True, normalize=True, cu_seqlens=None, chunk_size=16)
-    assert set(held) == {"tp", "pg", "hg", "cg"} and seen["alive"] == [] and torch.isfinite(dk).all()
+    assert set(held) == {"tp", "pg", "hg", "cg", "ge"} and seen["alive"] == [] and torch.isfinite(dk).all()
 
 
 @pytest.mark.parametrize("eta, r, acted", [(0.01, False, False), (2.0, False, True), (0.01, True, False),

@@ -328,15 +328,16 @@ def phase1_chunk_out_kernel(
 
 @triton.jit
 def phase1_chunk_bwd_prep_kernel(
-    k, beta, r, eta, gd_all, chunk_seq, chunk_start, cu_seqlens, inv_in, tp, pg, hg, cg,
+    k, beta, r, eta, gd_all, chunk_seq, chunk_start, cu_seqlens, inv_in, tp, pg, hg, cg, ge,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
     KB: tl.constexpr, HAS_INV: tl.constexpr, FUSED: tl.constexpr,
 ):
     """Per chunk: with P = (I + L)⁻¹, Tp = Pᵀ diag(e^{Γ − γ̄}), pᵍ = Pᵀ (Σ_{j>i} e^{γ_j − γ̄_i} ⟨a_i, g_j⟩)_i and
-    hᵍ = Σ_j e^{γ_j} g_j, and each token's c e^{γ} for the chain's update (cg). HAS_INV: P is read from `inv_in` (rows by token), transposed by the load. FUSED: `gd_all`
-    holds phase 2's ∂k̃, and the direct gradient of d is g = ∂k̃ ⊙ k, formed here."""
+    hᵍ = Σ_j e^{γ_j} g_j, each token's c e^{γ} for the chain's update (cg) and, with r, the chunk's decay e^{Γ}
+    (ge [NC, H]). HAS_INV: P is read from `inv_in` (rows by token), transposed by the load. FUSED: `gd_all` holds
+    phase 2's ∂k̃, and the direct gradient of d is g = ∂k̃ ⊙ k, formed here."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
@@ -374,17 +375,20 @@ def phase1_chunk_bwd_prep_kernel(
     tl.store(tp + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(pg + t * H + h, rg, mask=valid)
     tl.store(cg + t * H + h, c * tl.exp(g), mask=valid)
+    if HAS_R:
+        tl.store(ge + ci * H + h, tl.exp(g_end))
 
 
 @triton.jit
 def phase1_chunk_bwd_state_kernel(
-    k, r, gd_final, chunk_offsets, cu_seqlens, tp, pg, hg, cg, p, lam_end, dd0, x_grp, group_seq, group_first,
+    k, ge, gd_final, chunk_offsets, cu_seqlens, tp, pg, hg, cg, p, lam_end, dd0, x_grp, group_seq, group_first,
     T, H, K,
     HAS_R: tl.constexpr, HAS_GD_FINAL: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
     G: tl.constexpr,
 ):
     """Reverse over the chunks of (n, h): p = pᵍ + Tp (A λ), λ ← e^{Γ} λ + hᵍ − Aᵀ(e^{γ} c ⊙ p) with each token's
-    e^{γ} c read from `cg` (the prep kernel's), so a step forms no gains; dd_0 = λ.
+    e^{γ} c read from `cg` and, with r, the chunk's e^{Γ} from `ge` (the prep kernel's), so a step forms no gains
+    and loads no r; dd_0 = λ.
     G > 0: one program per group of G chunks instead, starting from the λ leaving it, x_grp (group_walk)."""
     h = tl.program_id(1)
     offs = tl.arange(0, BK)
@@ -405,17 +409,22 @@ def phase1_chunk_bwd_state_kernel(
     c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     cc = rows[:, None] * C + rows[None, :]
     cl = hi - 1
-    tn, vn, kn, _, lrn = _chunk_load(k, r, r, bos + (cl - c_first) * C, eos, h, H, K, HAS_R, False, C, BK)
+    tn, vn, kn, _, _ = _chunk_load(k, k, k, bos + (cl - c_first) * C, eos, h, H, K, False, False, C, BK)
+    if HAS_R:
+        gen = tl.load(ge + cl * H + h)
     tpn = tl.load(tp + (cl * H + h) * C * C + cc)
     pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
     cgn = tl.load(cg + tn * H + h, mask=vn, other=0.0)
     hgn = tl.load(hg + (cl * H + h) * K + offs, mask=mask, other=0.0)
     for j in range(0, hi - lo):  # chunks in reverse; the previous chunk's inputs are loaded one step ahead
         ci = cl - j
-        t, valid, kt, lr, tp_c, pg_c, cg_c, hg_c = tn, vn, kn, lrn, tpn, pgn, cgn, hgn
+        t, valid, kt, tp_c, pg_c, cg_c, hg_c = tn, vn, kn, tpn, pgn, cgn, hgn
         more = ci > lo
-        tn, vn, kn, _, lrn = _chunk_load(k, r, r, tl.where(more, bos + (ci - 1 - c_first) * C, eos), eos, h, H, K,
-                                         HAS_R, False, C, BK)
+        tn, vn, kn, _, _ = _chunk_load(k, k, k, tl.where(more, bos + (ci - 1 - c_first) * C, eos), eos, h, H, K,
+                                       False, False, C, BK)
+        if HAS_R:
+            ge_c = gen
+            gen = tl.load(ge + tl.maximum(ci - 1, lo) * H + h)
         tpn = tl.load(tp + ((ci - 1) * H + h) * C * C + cc, mask=cc < tl.where(more, C * C, 0), other=0.0)
         pgn = tl.load(pg + tn * H + h, mask=vn, other=0.0)
         cgn = tl.load(cg + tn * H + h, mask=vn, other=0.0)
@@ -426,8 +435,7 @@ def phase1_chunk_bwd_state_kernel(
         pc = pg_c + tl.sum(tp_c * tl.sum(a * lam[None, :], axis=1)[None, :], axis=1)
         tl.store(p + t * H + h, pc, mask=valid)
         if HAS_R:
-            g_end = tl.sum(tl.where(rows == C - 1, tl.cumsum(lr, axis=0), 0.0), axis=0)
-            lam = tl.exp(g_end) * lam + hg_c - tl.sum((cg_c * pc)[:, None] * a, axis=0)
+            lam = ge_c * lam + hg_c - tl.sum((cg_c * pc)[:, None] * a, axis=0)
         else:  # no retention: every decay is e⁰ = 1
             lam = lam + hg_c - tl.sum((cg_c * pc)[:, None] * a, axis=0)
     if lo == c_first:
@@ -907,6 +915,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     pg = torch.empty(B, T, H, **f32)
     hg = torch.empty(NC, H, K, **f32)
     cg = torch.empty(B, T, H, **f32)
+    ge = torch.empty(NC, H, **f32) if r is not None else cg  # no decays without r: a stand-in, never read
     p = torch.empty(B, T, H, **f32)
     lam_end = torch.empty(NC, H, K, **f32)
     dd0 = torch.empty(N, H, K, **f32)
@@ -914,7 +923,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         inverse = _formed_inverse(NC, prep, flags, gains, solve)
     inv, mode = _inverse(solver, inverse, k, C)
     phase1_chunk_bwd_prep_kernel[(NC, H)](
-        *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, cg, T, H, K, EPS, **gains, **flags, **solve,
+        *prep[:4], gd_all, *prep[4:], inv, tp, pg, hg, cg, ge, T, H, K, EPS, **gains, **flags, **solve,
         HAS_INV=mode["HAS_INV"], FUSED=fused, **_parallel_launch("bwd_prep", C, BK),
     )
     programs, x_grp, gseq, gfirst = N, dd0, offsets, offsets
@@ -922,12 +931,12 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         programs, x_grp, gseq, gfirst = _group_entries(prep, offsets, cu_seqlens, tp, pg, hg, gd_final, dd0, group,
                                                        flags, gains, precision, reverse=True)
     phase1_chunk_bwd_state_kernel[(programs, H)](
-        k, r_, gd_final if gd_final is not None else dd0, offsets, cu, tp, pg, hg, cg, p, lam_end, dd0,
+        k, ge, gd_final if gd_final is not None else dd0, offsets, cu, tp, pg, hg, cg, p, lam_end, dd0,
         x_grp, gseq, gfirst, T, H, K, HAS_GD_FINAL=gd_final is not None, **flags, G=group or 0,
         **_chain_launch("bwd_state", C, BK),
     )
     # the chain's C×C maps are read no more: released before the outputs are allocated (the peak at K = 64, NOTES)
-    del tp, pg, hg, cg, inv, x_grp
+    del tp, pg, hg, cg, ge, inv, x_grp
     dk = torch.empty_like(k) if fused else torch.empty(B, T, H, K, **f32)
     if fused:
         dbeta = torch.empty_like(beta)
