@@ -34,6 +34,7 @@ from .solve import invert_chunk
 from .tuning import TUNING
 
 TUNED_TILES = (32, 128)  # (C, BK) of TUNING's phase1_* entries: chunk.PHASE1_CHUNKED's chunks at K = 128 (tuning_key)
+CHAIN_REGISTERS = dict(maxnreg=128)  # the forward chain's launch with r: 147 registers unbounded (4 programs per SM → 3)
 SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)⁻¹ is formed: _unit_lower_inverse
 # in the prep kernels, or (blockwise) L stored by the prep kernel and inverted there in place, solve.py's 16×16 tiles
 
@@ -160,13 +161,14 @@ def _decay_lower(gram, c, g, g_incl, C: tl.constexpr):
 
 @triton.jit
 def phase1_chunk_prep_kernel(
-    k, beta, r, eta, chunk_seq, chunk_start, cu_seqlens, inv, tq, u0,
+    k, beta, r, eta, chunk_seq, chunk_start, cu_seqlens, inv, tq, u0, wd, ed,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
     KB: tl.constexpr, HAS_INV: tl.constexpr, BLOCKWISE: tl.constexpr, P_ONLY: tl.constexpr,
 ):
-    """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e. HAS_INV: P is read from `inv` (rows by token,
+    """Per chunk: L, P = (I + L)⁻¹, Tq = P diag(c e^γ), u⁰ = P e and, with r, the chain's decays: each token's
+    e^{γ_C − γ̄} (wd [B, T, H]) and the chunk's e^{γ_C} (ed [NC, H]). HAS_INV: P is read from `inv` (rows by token,
     [ΣT, H, C]) instead of formed here. BLOCKWISE: L is stored there and inverted in place by solve.py's 16×16
     blockwise inverse, which reads L row by row (written and read back by this program, so mostly from cache), then
     P is read back; P_ONLY: stop once P is stored."""
@@ -202,17 +204,22 @@ def phase1_chunk_prep_kernel(
     u = tl.sum(p * e[None, :], axis=1)
     tl.store(tq + ((ci * H + h) * C + rows[:, None]) * C + rows[None, :], x)
     tl.store(u0 + t * H + h, u, mask=valid)
+    if HAS_R:
+        g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
+        tl.store(wd + t * H + h, tl.exp(g_end - g_incl), mask=valid)
+        tl.store(ed + ci * H + h, tl.exp(g_end))
 
 
 @triton.jit
 def phase1_chunk_state_kernel(
-    k, beta, r, d0, eta, chunk_offsets, cu_seqlens, tq, u0, u, x0, d_final, x_grp, group_seq, group_first,
-    T, H, K, eps, outside, d_min, d_max,
-    HAS_R: tl.constexpr, HAS_D0: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr,
-    IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr, G: tl.constexpr,
+    k, wd, ed, d0, chunk_offsets, cu_seqlens, tq, u0, u, x0, d_final, x_grp, group_seq, group_first,
+    T, H, K, outside, d_min, d_max,
+    HAS_R: tl.constexpr, HAS_D0: tl.constexpr, IS_VARLEN: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+    G: tl.constexpr,
     HAS_MIN: tl.constexpr = False, HAS_MAX: tl.constexpr = False,
 ):
-    """Sequential over the chunks of (sequence n, head h): u = u⁰ − Tq (A x), x ← e^{γ_C} x + Aᵀ(e^{γ_C − γ̄} u).
+    """Sequential over the chunks of (sequence n, head h): u = u⁰ − Tq (A x), x ← e^{γ_C} x + Aᵀ(e^{γ_C − γ̄} u),
+    with r the decays read from the prep kernel's `wd` and `ed`, so a step forms no gains and loads no r.
     G > 0: one program per group of G chunks instead, starting from its entry state x_grp (group_walk).
     HAS_MIN / HAS_MAX: set `outside` to 1 if the final d leaves [d_min, d_max] (the out kernel checks every d_t)."""
     h = tl.program_id(1)
@@ -233,24 +240,29 @@ def phase1_chunk_state_kernel(
     bos, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     c_first, c_last = _chunks_of(n, chunk_offsets, T, C, IS_VARLEN)
     bos += (lo - c_first) * C
-    eta_h = tl.load(eta + h).to(tl.float32)
     cc = rows[:, None] * C + rows[None, :]
-    tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos, eos, h, H, K, HAS_R, BETA_AWARE, C, BK)
+    tn, vn, kn, _, _ = _chunk_load(k, k, k, bos, eos, h, H, K, False, False, C, BK)
     tqn = tl.load(tq + (lo * H + h) * C * C + cc)
     u0n = tl.load(u0 + tn * H + h, mask=vn, other=0.0)
+    if HAS_R:
+        wdn = tl.load(wd + tn * H + h, mask=vn, other=0.0)
+        edn = tl.load(ed + lo * H + h)
     for ci in range(lo, hi):  # the next chunk's inputs are loaded one step ahead
-        t, valid, kt, b, lr, tq_c, u0_c = tn, vn, kn, bn, lrn, tqn, u0n
-        tn, vn, kn, bn, lrn = _chunk_load(k, beta, r, bos + (ci + 1 - lo) * C, eos, h, H, K,
-                                          HAS_R, BETA_AWARE, C, BK)
+        t, valid, kt, tq_c, u0_c = tn, vn, kn, tqn, u0n
+        tn, vn, kn, _, _ = _chunk_load(k, k, k, bos + (ci + 1 - lo) * C, eos, h, H, K, False, False, C, BK)
         tqn = tl.load(tq + ((ci + 1) * H + h) * C * C + cc, mask=cc < tl.where(ci + 1 < hi, C * C, 0), other=0.0)
         u0n = tl.load(u0 + tn * H + h, mask=vn, other=0.0)
+        if HAS_R:
+            wd_c, ed_c = wdn, edn
+            wdn = tl.load(wd + tn * H + h, mask=vn, other=0.0)
+            edn = tl.load(ed + tl.minimum(ci + 1, hi - 1) * H + h)
         tl.store(x0 + (ci * H + h) * K + offs, x, mask=mask)
-        a, _, _, _, _, g_incl = _chunk_gains(kt, b, lr, valid, eta_h, eps, NORMALIZE)
+        a = kt.to(tl.float32)
+        a = a * a
         uc = u0_c - tl.sum(tq_c * tl.sum(a * x[None, :], axis=1)[None, :], axis=1)
         tl.store(u + t * H + h, uc, mask=valid)
         if HAS_R:
-            g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
-            x = tl.exp(g_end) * x + tl.sum((tl.exp(g_end - g_incl) * uc)[:, None] * a, axis=0)
+            x = ed_c * x + tl.sum((wd_c * uc)[:, None] * a, axis=0)
         else:  # no retention: every decay is e⁰ = 1
             x = x + tl.sum(uc[:, None] * a, axis=0)
     if hi == c_last:
@@ -806,7 +818,7 @@ def _formed_inverse(NC, prep, flags, gains, solve) -> torch.Tensor:
     _, T, H, K = k.shape
     inv, mode = _inverse("blockwise", None, k, flags["C"])
     phase1_chunk_prep_kernel[(NC, H)](
-        *prep, inv, inv, inv, T, H, K, EPS, **gains, **flags, **solve, **mode, P_ONLY=True,
+        *prep, inv, inv, inv, inv, inv, T, H, K, EPS, **gains, **flags, **solve, **mode, P_ONLY=True,
         **_parallel_launch("prep", flags["C"], flags["BK"]),
     )
     return inv
@@ -849,13 +861,15 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     f32 = dict(dtype=torch.float32, device=k.device)
     tq = torch.empty(NC, H, C, C, **f32)
     u0 = torch.empty(B, T, H, **f32)
+    wd = torch.empty(B, T, H, **f32) if r is not None else u0  # no decays without r: stand-ins, never read
+    ed = torch.empty(NC, H, **f32) if r is not None else u0
     u = torch.empty(B, T, H, **f32)
     x0 = torch.empty(NC, H, K, **f32)
     d_all = torch.empty(B, T, H, K, **f32) if store_d else None
     d_final = torch.empty(N, H, K, **f32)
     inv, mode = _inverse(solver, inverse, k, C, inverse_out)
     phase1_chunk_prep_kernel[(NC, H)](
-        *prep, inv, tq, u0, T, H, K, EPS, **gains, **flags, **solve, **mode, P_ONLY=False,
+        *prep, inv, tq, u0, wd, ed, T, H, K, EPS, **gains, **flags, **solve, **mode, P_ONLY=False,
         **_parallel_launch("prep", C, BK),
     )
     programs, x_grp, gseq, gfirst = N, d_final, offsets, offsets
@@ -868,9 +882,9 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     limits = dict(d_min=0.0 if lo is None else float(lo), d_max=0.0 if hi is None else float(hi),
                   HAS_MIN=lo is not None, HAS_MAX=hi is not None)
     phase1_chunk_state_kernel[(programs, H)](
-        k, beta, r_, d0 if d0 is not None else d_final, eta, offsets, cu, tq, u0, u, x0, d_final, x_grp, gseq, gfirst,
-        T, H, K, EPS, flag, **limits, HAS_D0=d0 is not None, **gains, **flags,
-        G=group or 0, **_chain_launch("state", C, BK),
+        k, wd, ed, d0 if d0 is not None else d_final, offsets, cu, tq, u0, u, x0, d_final, x_grp, gseq, gfirst,
+        T, H, K, flag, **limits, HAS_D0=d0 is not None, **flags, G=group or 0,
+        **_chain_launch("state", C, BK), **(CHAIN_REGISTERS if r is not None else {}),
     )
     kt = torch.empty_like(k) if store_kt else None
     phase1_chunk_out_kernel[(NC, H)](
