@@ -51,6 +51,7 @@ OPTIONS = dict(eta=0.5, d_min=2 / 3, d_max=1.5)  # a large η so that d moves; t
 UNCLIPPED = dict(eta=0.5)  # the same without the clip (run in bfloat16)
 IDLE_CLIP = dict(eta=0.003, d_min=2 / 3, d_max=1.5)  # the authors' η: over these lengths d stays inside the clip
 APF_CLIP = dict(OPTIONS, apf=True)  # OSDN-APF with the clip: the floor binds (chunk_osdn's quasi-Newton form)
+APF_UNCLIPPED = dict(UNCLIPPED, apf=True)  # OSDN-APF without the clip: forced, the chunk form with r (version 27)
 # chunk_osdn's phase 1 is the sequential scan below a mean length of 4096 (all shapes above): the runs marked
 # "chunked" force the chunk form (chunk.PHASE1_CHUNKED_MIN_T = 1), unclipped and with the idle clip; "grouped" also
 # makes its chains walk groups of chunks (phase1_forced)
@@ -267,6 +268,7 @@ def main(argv=None):
     runs += [(torch.bfloat16, False, IDLE_CLIP, "chunked"), (torch.float16, True, UNCLIPPED, "chunked")]
     runs += [(torch.bfloat16, False, APF_CLIP, "auto"), (torch.bfloat16, True, APF_CLIP, "chunked")]
     runs += [(torch.bfloat16, False, UNCLIPPED, "grouped")]
+    runs += [(torch.bfloat16, False, APF_UNCLIPPED, "chunked"), (torch.bfloat16, True, APF_UNCLIPPED, "grouped")]
     for dtype, gate, options, phase1 in runs:
         for shape, cu in cases:
             if case_key(str(dtype).replace("torch.", ""), gate, "d_min" in options, options["eta"], options.get("apf", False),

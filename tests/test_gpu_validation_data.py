@@ -70,12 +70,15 @@ def test_coverage():
 
 def test_apf_coverage():
     """OSDN-APF with the clip (the floor binds): with the scan chunk_osdn picks at these shapes, and with the
-    quasi-Newton form across chunks forced (phase1 "chunked"), every gradient r's included."""
+    quasi-Newton form across chunks forced (phase1 "chunked"); and without the clip, the chunk form with r forced,
+    its chains walked chunk by chunk and in groups (since version 27); every gradient r's included."""
     rows = [r for r in load()["rows"] if r.get("apf")]
-    for gate, phase1 in (("none", "auto"), ("gdn", "chunked")):
+    for clip, gate, phase1 in ((True, "none", "auto"), (True, "gdn", "chunked"), (False, "none", "chunked"),
+                               (False, "gdn", "grouped")):
         for varlen in (False, True):
-            names = {r["name"] for r in rows if (r["gate"], r["phase1"], r["varlen"]) == (gate, phase1, varlen)}
-            assert NAMES | {"dr"} <= names, (gate, phase1, varlen, NAMES | {"dr"} - names)
+            names = {r["name"] for r in rows
+                     if (r["clip"], r["gate"], r["phase1"], r["varlen"]) == (clip, gate, phase1, varlen)}
+            assert NAMES | {"dr"} <= names, (clip, gate, phase1, varlen, NAMES | {"dr"} - names)
 
 
 def test_timings_recorded():
