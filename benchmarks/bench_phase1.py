@@ -186,18 +186,19 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
                  cu_seqlens="*i32", chunk_seq="*i32", chunk_start="*i32", chunk_offsets="*i32", group_seq="*i32",
                  group_first="*i32")
 
-    def usage(fn, constexprs, num_warps, num_stages=3):
+    def usage(fn, constexprs, num_warps, num_stages=3, **options):  # options: e.g. the chain's maxnreg
+        constexprs = {n: v for n, v in constexprs.items() if n in fn.arg_names}  # drop flags it does not take
         signature = {n: "constexpr" if n in constexprs else types.get(n, "*fp32") for n in fn.arg_names}
         marks = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(fn.arg_names)  # as the launcher's (compile_check)
                  if signature[n] not in ("constexpr", "fp32")}
         kernel = triton.compile(ASTSource(fn, signature, constexprs, marks), target=GPUTarget("cuda", 90, 32),
-                                options=dict(num_warps=num_warps, num_stages=num_stages))
+                                options=dict(num_warps=num_warps, num_stages=num_stages, **options))
         path = f"/tmp/{fn.__name__}.cubin"
         with open(path, "wb") as f:
             f.write(kernel.asm["cubin"])
         out = subprocess.run([os.path.join(tools, "cuobjdump"), "-res-usage", path], capture_output=True, text=True)
         regs, stack = re.search(r"REG:(\d+) STACK:(\d+)", out.stdout).groups()
-        return dict(kernel=fn.__name__, num_warps=num_warps, num_stages=num_stages, registers=int(regs), stack_bytes=int(stack),
+        return dict(kernel=fn.__name__, num_warps=num_warps, num_stages=num_stages, **options, registers=int(regs), stack_bytes=int(stack),
                     shared_bytes=kernel.metadata.shared, **{k: v for k, v in constexprs.items() if k in ("C", "PREC")})
 
     BK = block_k(K)
@@ -232,7 +233,8 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
                                                                                   BLOCKWISE=True, P_ONLY=True)))
                     rows[-1]["solver"] = "blockwise P"
         chain = {st: chk._chain_launch(st, C, BK) for st in ("state", "bwd_state")}
-        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"]),
+        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"],
+                       **chk.CHAIN_REGISTERS),  # HAS_R: launched with the register bound
                  usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True, G=0), **chain["bwd_state"])]
         for bn, warps in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 4), (128, 8)):  # the grouped chains' map, [K, BN] of M per program
             rows += [usage(chk.phase1_chunk_group_map_kernel, dict(flags, C=C, G=16, PREC="tf32", REVERSE=reverse,
