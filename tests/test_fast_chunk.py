@@ -148,31 +148,36 @@ def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch
     osdn_ref.check("k̃", kt, (ref.d * k.double()), FORWARD_TOL)
 
 
-@pytest.mark.parametrize("side, eta, seed, start", [("d_max", 0.5, 5, 1.0), ("d_min", 0.2, 3, 2.5)])
+@pytest.mark.parametrize("side, eta, seed, start, apf", [("d_max", 0.5, 5, 1.0, False), ("d_min", 0.2, 3, 2.5, False),
+                                                        ("d_max", 0.5, 3, 0.2, True)])
 @pytest.mark.parametrize("grouped", [False, True])
-def test_speculation_fails_when_only_the_final_d_leaves_the_clip(side, eta, seed, start, grouped, monkeypatch):
+def test_speculation_fails_when_only_the_final_d_leaves_the_clip(side, eta, seed, start, apf, grouped, monkeypatch):
     """d_t is the state before token t, so the last update shows only in d_final: a bound between every d_t and
-    d_final (from the float64 scan; from d_0 = 2.5, d falls towards its fixed point) must still flag the
-    speculation. The chunk form's state kernel checks the final d (version 16 checked it with PyTorch ops after
-    the kernels); the redone scan clips d_final, every d_t stays the unclipped one. Ungrouped and grouped chains
-    (then the last group writes d_final)."""
+    d_final (from the float64 scan; from d_0 = 2.5, d falls towards its fixed point; with APF's r = 0.99 from 0.2 it
+    rises) must still flag the speculation. The chunk form's state kernel checks the final d (version 16 checked it
+    with PyTorch ops after the kernels), with r too (its launch with the decays of the prep kernel, version 27); the
+    redone scan clips d_final, every d_t stays the unclipped one. Ungrouped and grouped chains (then the last group
+    writes d_final). With r only an upper bound speculates: a floor takes the quasi-Newton form."""
     monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
     if grouped:
         monkeypatch.setattr(chunk_ops, "PHASE1_GROUP_MIN_CHUNKS", 2)
     _, (q, k, v, beta) = make_tensors(seed, 1, 200, 2, 8, 8, torch.float32)
     d0 = torch.full((1, 2, 8), start, dtype=torch.float64)
-    ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, d0=d0)
+    rr = torch.full(beta.shape, 0.99) if apf else None
+    r64 = None if rr is None else rr.double()
+    ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=r64, d0=d0)
     sign = 1 if side == "d_max" else -1
     inner, final = (sign * ref.d).max(), (sign * ref.d_final).max()
     assert final > inner + 1e-3  # this seed's last update goes beyond every earlier d on this side
     bound = sign * float((inner + final) / 2)
     p1 = {"d_min": None, "d_max": None, "beta_aware": True, "normalize": True, side: bound}
-    form, d_all, d_final, _, outside, *_ = chunk_ops.phase1_fwd(k.to(DEVICE), beta.to(DEVICE), None,
+    form, d_all, d_final, _, outside, *_ = chunk_ops.phase1_fwd(k.to(DEVICE), beta.to(DEVICE),
+                                                                None if rr is None else rr.to(DEVICE),
                                                                 d0.float().to(DEVICE),
                                                                 torch.full((2,), eta, device=DEVICE), None, p1)
     assert form == "speculative" and int(outside.item()) == 1
     assert (chunk_ops.phase1_group(k, None) is not None) == grouped
-    clipped = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, d0=d0, **{side: bound})
+    clipped = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=r64, d0=d0, **{side: bound})
     osdn_ref.check("d_all", d_all, clipped.d, FORWARD_TOL)
     osdn_ref.check("d_final", d_final, clipped.d_final, FORWARD_TOL)
     assert not torch.allclose(clipped.d_final, ref.d_final)  # the clip acted on the final d
