@@ -233,8 +233,7 @@ def ptxas_report(chunk_sizes, solvers, precisions, K=128):
                                                                                   BLOCKWISE=True, P_ONLY=True)))
                     rows[-1]["solver"] = "blockwise P"
         chain = {st: chk._chain_launch(st, C, BK) for st in ("state", "bwd_state")}
-        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"],
-                       **chk.CHAIN_REGISTERS),  # HAS_R: launched with the register bound
+        rows += [usage(chk.phase1_chunk_state_kernel, dict(flags, C=C, HAS_D0=True, G=0), **chain["state"]),
                  usage(chk.phase1_chunk_bwd_state_kernel, dict(flags, C=C, HAS_GD_FINAL=True, G=0), **chain["bwd_state"])]
         for bn, warps in ((32, 4), (32, 8), (64, 4), (64, 8), (128, 4), (128, 8)):  # the grouped chains' map, [K, BN] of M per program
             rows += [usage(chk.phase1_chunk_group_map_kernel, dict(flags, C=C, G=16, PREC="tf32", REVERSE=reverse,

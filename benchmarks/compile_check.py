@@ -99,7 +99,8 @@ def chunked_phase1_jobs(BK):
         return dict(constexprs, KB=launch.pop("KB")), (), launch
 
     solved = dict(flags, **solve)
-    state_launch = dict(chk._chain_launch("state", C, BK), **chk.CHAIN_REGISTERS)  # HAS_R: the launch with r
+    chain = chk._chain_launch("state", C, BK)
+    state_launch = {0: chain, 16: dict(chain, **chk.CHAIN_REGISTERS)}  # HAS_R: the launches with r, walked and replayed
     map_launch = dict(TUNING["phase1_group_map"])
     map_bn = map_launch.pop("BN")
     out_flags = dict(HAS_R=True, IS_VARLEN=True, C=C, BK=BK, PREC=solve["PREC"], STORE_KT=True, HAS_MIN=True,
@@ -113,9 +114,9 @@ def chunked_phase1_jobs(BK):
             (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=True))),
             (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=False)))] + [
         job for G in (0, 16) for job in (  # the chains, one chunk at a time and replaying groups of 16
-            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), state_launch),
+            (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), state_launch[G]),
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G, HAS_MIN=True, HAS_MAX=True), (),
-             state_launch),  # the speculative forward's: it also checks the final d
+             state_launch[G]),  # the speculative forward's: it also checks the final d
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True, G=G), (),
              chk._chain_launch("bwd_state", C, BK)))] + [
         (chk.phase1_chunk_group_map_kernel, dict(flags, G=16, PREC=solve["PREC"], REVERSE=reverse, BN=map_bn,

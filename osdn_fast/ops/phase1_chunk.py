@@ -34,7 +34,7 @@ from .solve import invert_chunk
 from .tuning import TUNING
 
 TUNED_TILES = (32, 128)  # (C, BK) of TUNING's phase1_* entries: chunk.PHASE1_CHUNKED's chunks at K = 128 (tuning_key)
-CHAIN_REGISTERS = dict(maxnreg=128)  # the forward chain's launch with r: 147 registers unbounded (4 programs per SM → 3)
+CHAIN_REGISTERS = dict(maxnreg=128)  # the forward chain's launch with r replaying groups: 149 registers unbounded
 SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)⁻¹ is formed: _unit_lower_inverse
 # in the prep kernels, or (blockwise) L stored by the prep kernel and inverted there in place, solve.py's 16×16 tiles
 
@@ -884,7 +884,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     phase1_chunk_state_kernel[(programs, H)](
         k, wd, ed, d0 if d0 is not None else d_final, offsets, cu, tq, u0, u, x0, d_final, x_grp, gseq, gfirst,
         T, H, K, flag, **limits, HAS_D0=d0 is not None, **flags, G=group or 0,
-        **_chain_launch("state", C, BK), **(CHAIN_REGISTERS if r is not None else {}),
+        **_chain_launch("state", C, BK), **(CHAIN_REGISTERS if r is not None and group else {}),
     )
     kt = torch.empty_like(k) if store_kt else None
     phase1_chunk_out_kernel[(NC, H)](
