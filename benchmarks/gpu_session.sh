@@ -32,7 +32,7 @@
 #       SWEEP_ARGS go to the K = 64 and K = 128 sweeps, e.g. "--phase1-space 16,32,64:2,4:1,3" (version 22: two warps)
 #   STEPS="pytest ab" AB_BASE=.work/base AB_ARGS="--ops osdn --shapes 4x4096x16x128" bash benchmarks/gpu_session.sh
 #       (a kernel change before its validation: the whole op, this tree against a base checkout carried as .work/base,
-#       alternating AB_ROUNDS times in one call; version 20)
+#       alternating AB_ROUNDS times in one call; version 20; AB_TREES="base=.work/base alt=.work/alt" for more than one)
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
 set -u
@@ -74,11 +74,14 @@ if has sweep_phase1; then  # K = 64, then K = 128 from its pick, then the groupe
         --stages phase1_group_map,phase1_group_walk $(from "$OUT/walked/tuning.json")
 fi
 has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}
-if has ab; then  # the whole op with this tree's kernels and a base tree's (AB_BASE: a checkout carried), alternating
+if has ab; then  # the whole op with this tree's kernels and other trees' (AB_TREES "name=dir ...", checkouts carried;
+    # AB_BASE alone means "base=$AB_BASE"), in turn, AB_ROUNDS times: $OUT/ab_tree1, $OUT/ab_<name>1, ...
     for i in $(seq "${AB_ROUNDS:-2}"); do
         step "ab_tree$i" "${AB_S:-90}" python3 benchmarks/profile_op.py --out "$OUT/ab_tree$i" ${AB_ARGS:-}
-        PYTHONPATH="/tmp/site:${AB_BASE:?set AB_BASE to the base checkout}" step "ab_base$i" "${AB_S:-90}" \
-            python3 "$AB_BASE/benchmarks/profile_op.py" --out "$OUT/ab_base$i" ${AB_ARGS:-}
+        for tree in ${AB_TREES:-base=${AB_BASE:?set AB_BASE or AB_TREES}}; do
+            PYTHONPATH="/tmp/site:${tree#*=}" step "ab_${tree%%=*}$i" "${AB_S:-90}" \
+                python3 "${tree#*=}/benchmarks/profile_op.py" --out "$OUT/ab_${tree%%=*}$i" ${AB_ARGS:-}
+        done
     done
 fi
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
