@@ -110,9 +110,11 @@ def chunked_phase1_jobs(BK):
                                                                P_ONLY=p_only)))
             for has_inv, blockwise, p_only in prep_modes] + [
             (chk.phase1_chunk_out_kernel, *tiled("out", out_flags)),
-            (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", dict(solved, HAS_INV=True, FUSED=True))),
-            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=True))),
-            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=False)))] + [
+            (chk.phase1_chunk_out_kernel, *tiled("out", dict(out_flags, STORE_D=False))),  # chunk_osdn's (version 29)
+            (chk.phase1_chunk_bwd_prep_kernel, *tiled("bwd_prep", dict(solved, HAS_INV=True, FUSED=True)))] + [
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=stats,
+                                                                      REPLAY=replay)))
+            for stats, replay in ((True, True), (True, False), (False, True), (False, False))] + [
         job for G in (0, 16) for job in (  # the chains, one chunk at a time and replaying groups of 16
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), state_launch[G]),
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G, HAS_MIN=True, HAS_MAX=True), (),

@@ -55,7 +55,7 @@ has validate && step validate "${VALIDATE_S:-420}" python3 benchmarks/validate_g
 # chains with APF's r had then been run on the GPU only by the validation's grouped runs)
 has pytest && step pytest "${PYTEST_S:-420}" python3 -m pytest -q -x -p no:cacheprovider ${PYTEST_TESTS:-\
     tests/test_fast_phase1_newton.py tests/test_fast_phase1.py tests/test_fast_chunk.py} \
-    -k "${PYTEST_K:-newton or guarded or fused or chunked or grouped or speculates or solver}"
+    -k "${PYTEST_K:-newton or guarded or fused or chunked or grouped or speculates or solver or entries}"
 has phase1 && step phase1 "${PHASE1_S:-90}" python3 benchmarks/bench_phase1.py --out "$OUT/phase1_bench.json" \
     ${PHASE1_ARGS:---newton --chunk-sizes 64 --solvers blockwise --precisions tf32}
 has bench && step bench "${BENCH_S:-230}" python3 benchmarks/bench_suite.py --out "$OUT" ${BENCH_ARGS:-}

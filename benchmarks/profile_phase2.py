@@ -124,7 +124,7 @@ def phase1_calls(x, H):
     (bwd_prep, bwd_out, and the chains state, bwd_state: warps and stages only) with phase 2's gradients fused in;
     the other kernels of the call run at fixed settings."""
     from osdn_fast.ops.chunk import PHASE1_CHUNKED
-    from osdn_fast.ops.phase1_chunk import chain_group, phase1_bwd_chunk, phase1_fwd_chunk, tuning_key
+    from osdn_fast.ops.phase1_chunk import chain_group, chunk_entries, phase1_bwd_chunk, phase1_fwd_chunk, tuning_key
     from osdn_fast.ops.phase1_launch import block_k
     from osdn_fast.ops.tuning import TUNING
 
@@ -132,18 +132,20 @@ def phase1_calls(x, H):
     eta = torch.full((H,), OPTIONS["eta"], dtype=torch.float32, device=k.device)
     flags = dict(beta_aware=True, normalize=True, cu_seqlens=None, **PHASE1_CHUNKED)
     stats = torch.empty(2, *k.shape[:3], dtype=torch.float32, device=k.device)  # kept for the backward
-    fwd = lambda: phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, stats=stats, **flags)  # noqa: E731
-    d_all = fwd()[0]
+    entries = chunk_entries(k, None, PHASE1_CHUNKED["chunk_size"])  # likewise: d is formed again (version 29)
+    kept = dict(stats=stats, entries=entries)
+    fwd = lambda: phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, store_d=False, **kept,  # noqa: E731
+                                   **flags)
+    fwd()
     grads = (torch.randn_like(k, dtype=torch.float32), torch.randn_like(k, dtype=torch.float32),
              torch.randn_like(beta, dtype=torch.float32))
-    bwd = lambda: phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads,  # noqa: E731
-                                   stats=stats, **flags)
+    bwd = lambda: phase1_bwd_chunk(k, beta, None, eta, None, None, None, phase2_grads=grads,  # noqa: E731
+                                   **kept, **flags)
     group = chain_group(k.shape[1] / PHASE1_CHUNKED["chunk_size"])  # the grouped chains: forward and backward
 
     def grouped():
-        phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, group=group, stats=stats, **flags)
-        phase1_bwd_chunk(k, beta, None, eta, d_all, None, None, phase2_grads=grads, group=group, stats=stats,
-                         **flags)
+        phase1_fwd_chunk(k, beta, None, None, eta, store_kt=True, store_d=False, group=group, **kept, **flags)
+        phase1_bwd_chunk(k, beta, None, eta, None, None, None, phase2_grads=grads, group=group, **kept, **flags)
 
     C, BK = PHASE1_CHUNKED["chunk_size"], block_k(k.shape[3])
     calls = {tuning_key(stage, C, BK): call for stage, call in (

@@ -19,6 +19,7 @@ from hypothesis import strategies as st  # noqa: E402
 
 import osdn_fast  # noqa: E402
 import osdn_fast.ops.chunk as chunk_ops  # noqa: E402
+import osdn_fast.ops.phase1_chunk as phase1_chunk  # noqa: E402
 import osdn_ref  # noqa: E402
 from strategies import make_tensors, problems  # noqa: E402
 
@@ -138,10 +139,14 @@ def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch
     rr = torch.full(beta.shape, 0.99, device=DEVICE) if r else None
     eta_h = torch.full((2,), eta, device=DEVICE)
     p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
-    used, d_all, d_final, kt, outside, inv, stats = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
-    assert (inv is not None) == (stats is not None) == (form in ("chunked", "speculative"))  # for its backward
+    used, d_all, d_final, kt, outside, kept = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    assert (kept is not None) == (form in ("chunked", "speculative"))  # for its backward
     assert used == form
     assert (outside is None) if acted is None else (bool(outside.item()) == acted)
+    if acted is False:  # the chunk form stores no d_t (version 29): formed from its entries as its backward forms them
+        d_all = phase1_chunk.replay_d(k, rr, kept[2], cu_seqlens=None,
+                                      chunk_size=chunk_ops.PHASE1_CHUNKED["chunk_size"],
+                                      precision=chunk_ops.PHASE1_CHUNKED["precision"])
     ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=None if rr is None else rr.double(),
                                        d_min=0.9, d_max=1.1)
     osdn_ref.check("d_all", d_all, ref.d, FORWARD_TOL)
@@ -222,7 +227,8 @@ def test_newton_phase1_forward_and_backward(rounds, monkeypatch):
                                                 (0.5, True, True, "newton"), (0.5, True, True, "sequential")])
 def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     """When no input needs a gradient, phase 1 does not write d_all (only the backward reads it), in every form,
-    the speculation's redo included; the op's results are bitwise those of a call that keeps it for a backward."""
+    the speculation's redo included; the op's results are bitwise those of a call that keeps it for a backward
+    (the chunk form never writes it: it keeps its chain's entries, version 29)."""
     monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 10**9 if form == "sequential" else 1)
     _, (q, k, v, beta) = make_tensors(6, 2, 150, 2, 8, 8, torch.float32)
     q, k, v, beta = (x.to(DEVICE) for x in (q, k, v, beta))
@@ -231,9 +237,10 @@ def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     p1 = dict(d_min=0.9 if clip else None, d_max=1.1 if clip else None, beta_aware=True, normalize=True)
     kept = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
     skipped = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1, store_d=False)
-    assert kept[0] == skipped[0] == form and kept[1] is not None and skipped[1] is None
-    assert skipped[5] is skipped[6] is None  # P and stats, kept only for a backward of the chunk form
-    assert (kept[5] is not None) == (kept[6] is not None) == (form in ("chunked", "speculative"))
+    assert kept[0] == skipped[0] == form and skipped[1] is None
+    assert (kept[1] is None) == (form == "chunked")  # the chunk form keeps its entries instead (version 29)
+    assert skipped[5] is None  # P, stats and entries, kept only for a backward of the chunk form
+    assert (kept[5] is not None) == (form in ("chunked", "speculative"))
     for a, b in zip(kept[2:5], skipped[2:5]):  # d_final, k̃, and the speculation's flag
         assert (a is None and b is None) or torch.equal(a, b)
     options = dict(eta=eta, r=rr, d_min=p1["d_min"], d_max=p1["d_max"], output_final_state=True)
@@ -346,20 +353,21 @@ def test_speculative_backward_guarded_on_the_device(eta, r, acted, monkeypatch):
     rr = (0.9 + 0.1 * torch.rand(beta.shape, generator=gen)).to(DEVICE) if r else None
     eta_h = torch.full((2,), eta, device=DEVICE)
     p1 = dict(d_min=None if r else 0.9, d_max=1.1, beta_aware=True, normalize=True)
-    form, d_all, _, _, outside, inv, stats = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
+    form, d_all, _, _, outside, kept = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
     assert form == "speculative" and bool(outside.item()) == acted
     grads = (torch.randn(k.shape, generator=gen).to(DEVICE), torch.randn(k.shape, generator=gen).to(DEVICE),
              torch.randn(beta.shape, generator=gen).to(DEVICE))
     dd_final = torch.randn(2, 2, 8, generator=gen).to(DEVICE)
     guarded = chunk_ops.phase1_bwd_speculative_guarded(k, beta, rr, eta_h, d_all, dd_final, None, grads, p1, outside,
-                                                       inv, stats)
+                                                       kept)
     if acted:
         alone = chunk_ops.phase1_bwd_seq(k, beta, rr, eta_h, d_all, None, dd_final, cu_seqlens=None,
                                          phase2_grads=grads, **p1)
     else:
-        alone = chunk_ops.phase1_bwd_chunk(k, beta, rr, eta_h, d_all, None, dd_final, beta_aware=True, normalize=True,
+        inv, stats, entries = kept  # d_all was not written: the chunk form's backward forms d from the entries
+        alone = chunk_ops.phase1_bwd_chunk(k, beta, rr, eta_h, None, None, dd_final, beta_aware=True, normalize=True,
                                            cu_seqlens=None, phase2_grads=grads, inverse=inv,
-                                           group=chunk_ops.phase1_group(k, None), stats=stats,
+                                           group=chunk_ops.phase1_group(k, None), stats=stats, entries=entries,
                                            **chunk_ops.PHASE1_CHUNKED)
     alone = (*alone[:4], alone[4].sum(0)[None])
     for name, a, b in zip(("dk", "dbeta", "dr", "dd0", "deta"), guarded, alone):

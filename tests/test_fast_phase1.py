@@ -349,6 +349,54 @@ def test_chunk_backward_reuses_the_forward_inverse():
         phase1_fwd_chunk(k, beta, r, None, eta, **opts, inverse=inv, inverse_out=inv_out)
 
 
+@pytest.mark.parametrize("cu", [None, [0, 40, 40, 100]])
+def test_chunk_backward_forms_d_from_the_forward_entries(cu):
+    """chunk_osdn's forward stores no d_t (version 29): it keeps the chain's entry states x_0 and u (`entries`), and
+    the backward's out kernel forms d again from them as the forward's out kernel does. The d so formed is the one
+    the forward stores with `store_d`, and the backward from the entries gives the backward from d_all (bitwise in
+    the interpreter; to float32 round-off on a GPU, where two kernels run the same dot); perturbed entries move the
+    gradients (the backward reads them); entries of the wrong shape, or none and no d_all, are refused by name."""
+    from osdn_fast.ops.phase1_chunk import chunk_entries, phase1_bwd_chunk, phase1_fwd_chunk, replay_d
+
+    gen = torch.Generator().manual_seed(11)
+    B, T, H, K = 1, 100, 2, 24
+    k = F.normalize(torch.randn(B, T, H, K, generator=gen), dim=-1).to(DEVICE)
+    beta, r = torch.rand(B, T, H, generator=gen).to(DEVICE), (0.9 + 0.1 * torch.rand(B, T, H, generator=gen)).to(DEVICE)
+    d0 = (0.5 + torch.rand(1 if cu is None else len(cu) - 1, H, K, generator=gen)).to(DEVICE)
+    eta = torch.full((H,), 0.5, device=DEVICE)
+    cu = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=DEVICE)
+    opts = dict(beta_aware=True, normalize=True, cu_seqlens=cu, chunk_size=32, solver="blockwise", precision="tf32")
+    entries = tuple(torch.full_like(x, float("nan")) for x in chunk_entries(k, cu, 32))
+    stored = phase1_fwd_chunk(k, beta, r, d0, eta, **opts)
+    kept = phase1_fwd_chunk(k, beta, r, d0, eta, **opts, store_d=False, entries=entries)
+    assert kept[0] is None and torch.equal(kept[1], stored[1])
+    assert all(torch.isfinite(x).all() for x in entries)
+    replayed = replay_d(k, r, entries, cu_seqlens=cu, chunk_size=32, precision="tf32")
+    assert torch.equal(replayed, stored[0])
+    grads = (torch.randn(B, T, H, K, generator=gen).to(DEVICE), torch.randn(B, T, H, K, generator=gen).to(DEVICE),
+             torch.randn(B, T, H, generator=gen).to(DEVICE))
+    dd_final = torch.randn(d0.shape, generator=gen).to(DEVICE)
+    from_d = phase1_bwd_chunk(k, beta, r, eta, stored[0], None, dd_final, phase2_grads=grads, **opts)
+    from_entries = phase1_bwd_chunk(k, beta, r, eta, None, None, dd_final, phase2_grads=grads, **opts,
+                                    entries=entries)
+    for name, a, b in zip(("dk", "dbeta", "dr", "dd0", "deta"), from_d, from_entries):
+        if DEVICE == "cpu":
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=name)
+    moved = (entries[0] * 1.01, entries[1])
+    off = phase1_bwd_chunk(k, beta, r, eta, None, None, dd_final, phase2_grads=grads, **opts, entries=moved)
+    assert not torch.allclose(off[0], from_entries[0])
+    with pytest.raises(ValueError, match="entries"):
+        phase1_bwd_chunk(k, beta, r, eta, None, None, dd_final, phase2_grads=grads, **opts)
+    with pytest.raises(ValueError, match="entries"):
+        phase1_bwd_chunk(k, beta, r, eta, stored[0], None, dd_final, phase2_grads=grads, **opts, entries=entries)
+    with pytest.raises(ValueError, match="entries"):
+        phase1_fwd_chunk(k, beta, r, d0, eta, **opts, entries=(entries[0][:1], entries[1]))
+    with pytest.raises(ValueError, match="entries"):
+        replay_d(k, r, (entries[0], entries[1].double()), cu_seqlens=cu, chunk_size=32)
+
+
 def test_eta_zero_keeps_d0():
     """η = 0 is DeltaNet: d stays at d_0 (ones) for every token, in both forms."""
     k = torch.randn(2, 9, 2, 7, device=DEVICE)

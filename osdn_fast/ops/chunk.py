@@ -19,7 +19,7 @@ from .cumsum import chunk_cumsum
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
-from .phase1_chunk import chain_group, phase1_bwd_chunk, phase1_fwd_chunk
+from .phase1_chunk import chain_group, chunk_entries, phase1_bwd_chunk, phase1_fwd_chunk
 from .phase1_newton import phase1_bwd_newton, phase1_fwd_newton
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
@@ -119,42 +119,49 @@ def phase1_group(k, cu_seqlens) -> int | None:
 
 
 def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
-    """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`, P, stats). "newton" runs a fixed number of
+    """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`, kept). "newton" runs a fixed number of
     quasi-Newton rounds across chunks, then the sequential scan behind them, guarded to run only if they did not
     converge; its backward is the same in reverse (`phase1_bwd_newton_guarded`). The chunk form runs without the
     clip and flags (`outside`, int32 [1] on the device) any d that leaves [d_min, d_max]: the clip would have
     acted there, so the sequential scan, launched behind it, then redoes the call in place; otherwise its programs
     return at once. The backward reads the same flag on the device (`phase1_bwd_speculative_guarded`), never the host.
     form: "sequential", "newton", "chunked" (no clip) or "speculative" (chunked, clip given: `outside` decides).
-    Without `store_d` (no backward will follow) d_all is not written and comes back None. P and stats: the chunk
-    form's (I + L)⁻¹ (phase1_fwd_chunk's `inverse_out`) and per-token s_t, ‖k_t‖² (phase1_fwd_chunk's `stats`), kept for its backward
-    when one follows, else None."""
+    Without `store_d` (no backward will follow) d_all is not written and comes back None. The chunk form never
+    stores d_all (version 29): when a backward follows it keeps, in `kept` = (P, stats, entries), its (I + L)⁻¹
+    (phase1_fwd_chunk's `inverse_out`), per-token s_t, ‖k_t‖² (`stats`) and the chain's entry states and u
+    (`entries`), from which its backward forms d again; without the clip d_all is then None, with it d_all is the
+    buffer the guarded scan writes if the clip acted (read only then). Other forms, and no backward: kept is None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
     if form == "sequential":  # r as stored: float32 r made the forward-only scan slower since version 14 (NOTES)
         return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
-                                     **p1), None, None, None
+                                     **p1), None, None
     if form == "newton":  # PHASE1_NEWTON's rounds without a host synchronisation; the guarded scan if unconverged
         d_all, d_final, kt, unconverged = phase1_fwd_newton(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True,
                                                             store_d=store_d, **p1, **PHASE1_NEWTON)
         phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
                        only_if=unconverged, store_d=store_d, **p1)
-        return form, d_all, d_final, kt, None, None, None
+        return form, d_all, d_final, kt, None, None
     clipped = p1["d_min"] is not None or p1["d_max"] is not None
     gains = dict(beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens)
-    inv = stats = None
-    if store_d:  # a backward follows: it reuses the chunks' inverses and s_t, ‖k_t‖² instead of forming them again
-        inv = torch.empty(k.shape[0] * k.shape[1], k.shape[2], PHASE1_CHUNKED["chunk_size"], dtype=torch.float32,
-                          device=k.device)
-        stats = torch.empty(2, *k.shape[:3], dtype=torch.float32, device=k.device)
-    d_all, d_final, kt, outside = phase1_fwd_chunk(
+    kept = d_all = None
+    if store_d:  # a backward follows: it reuses the chunks' inverses, s_t, ‖k_t‖² and entry states
+        kept = (torch.empty(k.shape[0] * k.shape[1], k.shape[2], PHASE1_CHUNKED["chunk_size"], dtype=torch.float32,
+                            device=k.device),
+                torch.empty(2, *k.shape[:3], dtype=torch.float32, device=k.device),
+                chunk_entries(k, cu_seqlens, PHASE1_CHUNKED["chunk_size"]))
+    inv, stats, entries = kept if kept is not None else (None, None, None)
+    _, d_final, kt, outside = phase1_fwd_chunk(
         k, beta, r, d0, eta, **gains, store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None,
-        store_d=store_d, inverse_out=inv, group=phase1_group(k, cu_seqlens), stats=stats, **PHASE1_CHUNKED)
+        store_d=False, inverse_out=inv, group=phase1_group(k, cu_seqlens), stats=stats, entries=entries,
+        **PHASE1_CHUNKED)
     if not clipped:
-        return form, d_all, d_final, kt, None, inv, stats
+        return form, None, d_final, kt, None, kept
+    if store_d:  # the guarded scan's d_t, for its guarded backward
+        d_all = torch.empty(*k.shape, dtype=torch.float32, device=k.device)
     phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
                    only_if=outside, store_d=store_d, **p1)
-    return "speculative", d_all, d_final, kt, outside, inv, stats
+    return "speculative", d_all, d_final, kt, outside, kept
 
 
 def phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1):
@@ -171,22 +178,22 @@ def phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phas
     return dk, dbeta, dr, dd0, deta[None]
 
 
-def phase1_bwd_chunked(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1, inv, stats):
-    """The backward after the chunk form's forward (phase1_bwd_chunk with the forward's inverses and stats):
-    (dk, dbeta, dr, dd0, deta [B, T, H])."""
-    return phase1_bwd_chunk(k, beta, r, eta, d_all, None, dd_final, beta_aware=p1["beta_aware"],
+def phase1_bwd_chunked(k, beta, r, eta, dd_final, cu_seqlens, phase2_grads, p1, kept):
+    """The backward after the chunk form's forward (phase1_bwd_chunk with what the forward kept: its inverses,
+    stats and entry states, from which d is formed again): (dk, dbeta, dr, dd0, deta [B, T, H])."""
+    inv, stats, entries = kept
+    return phase1_bwd_chunk(k, beta, r, eta, None, None, dd_final, beta_aware=p1["beta_aware"],
                             normalize=p1["normalize"], cu_seqlens=cu_seqlens, phase2_grads=phase2_grads, inverse=inv,
-                            group=phase1_group(k, cu_seqlens), stats=stats, **PHASE1_CHUNKED)
+                            group=phase1_group(k, cu_seqlens), stats=stats, entries=entries, **PHASE1_CHUNKED)
 
 
-def phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1, outside, inv,
-                                   stats):
+def phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1, outside, kept):
     """The backward after the speculative forward: the chunk form's backward, then the sequential reverse scan into
     the same outputs, guarded by the forward's `outside` flag to run only if the clip acted (then the forward was
     redone by the scan and d_all is the clipped one). No host synchronisation, so it can be captured in a CUDA graph.
     (dk, dbeta, dr, dd0, deta [1, H])."""
-    dk, dbeta, dr, dd0, deta_chunks = phase1_bwd_chunked(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads,
-                                                         p1, inv, stats)
+    dk, dbeta, dr, dd0, deta_chunks = phase1_bwd_chunked(k, beta, r, eta, dd_final, cu_seqlens, phase2_grads, p1,
+                                                         kept)
     deta_seq = torch.empty(dd0.shape[:2], dtype=torch.float32, device=k.device)
     phase1_bwd_seq(k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
                    out=(dk, dbeta, dr, dd0, deta_seq), only_if=outside, **p1)
@@ -207,8 +214,8 @@ class ChunkOSDN(torch.autograd.Function):
     def forward(ctx, q, k, v, beta, g, r, S0, d0, eta, cu_seqlens, p1, scale, output_final_state, chunk_size,
                 store_d):
         B, T = k.shape[:2]
-        ctx.p1_form, d_all, d_final, kt, outside, p1_inv, p1_stats = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1,
-                                                                      store_d=store_d)
+        ctx.p1_form, d_all, d_final, kt, outside, p1_kept = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1,
+                                                                       store_d=store_d)
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
         else:
@@ -216,16 +223,18 @@ class ChunkOSDN(torch.autograd.Function):
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         o, S_final, Ainv = phase2_fwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, scale,
                                       output_final_state, chunk_size, layout)
-        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, outside,
-                              Ainv, *layout)
+        p1_inv, p1_stats, (x0, u) = p1_kept if p1_kept is not None else (None, None, (None, None))
+        ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, x0, u,
+                              outside, Ainv, *layout)
         ctx.p1, ctx.scale, ctx.chunk_size = p1, scale, chunk_size
         ctx.set_materialize_grads(False)
         return o.reshape(v.shape), S_final, d_final
 
     @staticmethod
     def backward(ctx, do, dS_final, dd_final):
-        (q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, outside, Ainv,
+        (q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, x0, u, outside, Ainv,
          *layout) = ctx.saved_tensors
+        p1_kept = p1_inv, p1_stats, (x0, u)
         B, T = k.shape[:2]
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
         dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
@@ -237,11 +246,10 @@ class ChunkOSDN(torch.autograd.Function):
                                                                  (dkt, dk2, dbeta2), ctx.p1)
         elif form == "speculative":
             dk, dbeta, dr, dd0, deta = phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens,
-                                                                      (dkt, dk2, dbeta2), ctx.p1, outside, p1_inv,
-                                                                      p1_stats)
+                                                                      (dkt, dk2, dbeta2), ctx.p1, outside, p1_kept)
         elif form == "chunked":
-            dk, dbeta, dr, dd0, deta = phase1_bwd_chunked(k, beta, r, eta, d_all, dd_final, cu_seqlens,
-                                                          (dkt, dk2, dbeta2), ctx.p1, p1_inv, p1_stats)
+            dk, dbeta, dr, dd0, deta = phase1_bwd_chunked(k, beta, r, eta, dd_final, cu_seqlens, (dkt, dk2, dbeta2),
+                                                          ctx.p1, p1_kept)
         else:
             dk, dbeta, dr, dd0, deta = phase1_bwd_seq(
                 k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=(dkt, dk2, dbeta2),

@@ -291,6 +291,22 @@ def _flag_if_any(flag, marks):
 
 
 @triton.jit
+def _replay_weights(u, g, g_incl, C: tl.constexpr):
+    """M_ij = e^{γ_i − γ̄_j} u_j for j < i, else 0: the chunk's d_i = e^{γ_i} x_0 + (M A)_i."""
+    rows = tl.arange(0, C)
+    lower = rows[:, None] > rows[None, :]
+    return tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * u[None, :]
+
+
+@triton.jit
+def _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC: tl.constexpr):
+    """d of the chunk's tokens on key channels `offs` [C, KB]: e^{γ} x_0ᵀ + M A, from the chunk's entry state x_0
+    (x0 [NC, H, K]), M (_replay_weights) and a = k² on those channels."""
+    x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
+    return tl.exp(g)[:, None] * x[None, :] + tl.dot(m, ab, input_precision=PREC)
+
+
+@triton.jit
 def phase1_chunk_out_kernel(
     k, r, chunk_seq, chunk_start, cu_seqlens, u, x0, d_all, kt_out, outside, s_out, asum_out,
     T, H, K, d_min, d_max,
@@ -311,18 +327,14 @@ def phase1_chunk_out_kernel(
     t, valid, _, lr = _chunk_scalars(r, r, cs, eos, h, H, HAS_R, False, C)
     g_incl = tl.cumsum(lr, axis=0)
     g = g_incl - lr
-    uc = tl.load(u + t * H + h, mask=valid, other=0.0)
-    rows = tl.arange(0, C)
-    lower = rows[:, None] > rows[None, :]
-    m = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * uc[None, :]
+    m = _replay_weights(tl.load(u + t * H + h, mask=valid, other=0.0), g, g_incl, C)
     s = tl.zeros([C], dtype=tl.float32)
     a_sum = tl.zeros([C], dtype=tl.float32)
     out_of_bounds = tl.zeros([C, KB], dtype=tl.int32)
     for k0 in range(0, BK, KB):
         offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
-        x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
         ab = kb * kb
-        d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, ab, input_precision=PREC)
+        d = _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC)
         if STORE_STATS:
             s += tl.sum(d * ab, axis=1)
             a_sum += tl.sum(ab, axis=1)
@@ -568,24 +580,40 @@ def phase1_chunk_group_walk_kernel(
 
 
 @triton.jit
+def _chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g, m, ab, PREC: tl.constexpr, REPLAY: tl.constexpr):
+    """The forward's d on one key block of the chunk: formed again (REPLAY, _replayed_d) or read from d_all."""
+    if REPLAY:
+        return _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC)
+    return tl.load(d_all + ptr, mask=m2, other=0.0)
+
+
+@triton.jit
 def phase1_chunk_bwd_out_kernel(
-    k, beta, r, eta, d_all, gd_all, chunk_seq, chunk_start, cu_seqlens, p, lam_end, s_in, asum_in,
+    k, beta, r, eta, d_all, x0, u_fwd, gd_all, chunk_seq, chunk_start, cu_seqlens, p, lam_end, s_in, asum_in,
     dk, dbeta, dr, deta, dk_in, dbeta_in,
     T, H, K, eps,
     HAS_R: tl.constexpr, BETA_AWARE: tl.constexpr, NORMALIZE: tl.constexpr, IS_VARLEN: tl.constexpr,
     C: tl.constexpr, BK: tl.constexpr, LOG2_C: tl.constexpr, DOUBLING: tl.constexpr, PREC: tl.constexpr,
-    KB: tl.constexpr, FUSED: tl.constexpr, HAS_STATS: tl.constexpr,
+    KB: tl.constexpr, FUSED: tl.constexpr, HAS_STATS: tl.constexpr, REPLAY: tl.constexpr,
 ):
     """Per chunk: λ_{t+1} = e^{Γ − γ̄_i} λ_end + Σ_{j>i} e^{γ_j − γ̄_i} (g_j − c_j p_j a_j), then the local
     gradients of token t (module docstring of phase1). Two passes over blocks of KB channels: s_t and ‖k_t‖²
     (HAS_STATS: read from the forward's, `s_in` and `asum_in`), then λ_{t+1} and ∂k_t. FUSED (`gd_all` = phase 2's ∂k̃, as in the prep kernel): ∂k_t also gains ∂k̃_t ⊙ d_t and
-    phase 2's ∂k_t (`dk_in`), ∂β_t phase 2's (`dbeta_in`), and both are written once in the outputs' dtypes."""
+    phase 2's ∂k_t (`dk_in`), ∂β_t phase 2's (`dbeta_in`), and both are written once in the outputs' dtypes.
+    REPLAY: d_t is formed again from the forward chain's entry states x0 and its u (`u_fwd`), as the forward's out
+    kernel forms it (_replayed_d), instead of read from d_all."""
     ci = tl.program_id(0)
     h = tl.program_id(1)
     n, cs = _chunk_of(ci, chunk_seq, chunk_start, T, C, IS_VARLEN)
     _, eos = seq_bounds(cu_seqlens, n, T, IS_VARLEN)
     eta_h = tl.load(eta + h).to(tl.float32)
     t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
+    g_fwd = tl.cumsum(lr, axis=0)  # γ̄, then γ: the decays of the forward's d (REPLAY), formed as its out kernel does
+    if REPLAY:
+        m_fwd = _replay_weights(tl.load(u_fwd + t * H + h, mask=valid, other=0.0), g_fwd - lr, g_fwd, C)
+    else:
+        m_fwd = tl.zeros([C, C], dtype=tl.float32)
+    g_fwd -= lr
     if HAS_STATS:
         s = tl.load(s_in + t * H + h, mask=valid, other=0.0)
         a_sum = tl.load(asum_in + t * H + h, mask=valid, other=0.0)
@@ -595,7 +623,8 @@ def phase1_chunk_bwd_out_kernel(
         for k0 in range(0, BK, KB):
             offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
             ab = kb * kb
-            s += tl.sum(tl.load(d_all + ptr, mask=m2, other=0.0) * ab, axis=1)
+            s += tl.sum(_chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g_fwd, m_fwd, ab, PREC, REPLAY) * ab,
+                        axis=1)
             a_sum += tl.sum(ab, axis=1)
     nu, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
     w = e * (1.0 - b * s)
@@ -609,7 +638,7 @@ def phase1_chunk_bwd_out_kernel(
         offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         ab = kb * kb
         gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
-        d = tl.load(d_all + ptr, mask=m2, other=0.0)
+        d = _chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g_fwd, m_fwd, ab, PREC, REPLAY)
         if FUSED:
             dkt = gb
             gb = gb * kb
@@ -834,11 +863,51 @@ def chunk_inverses(k, beta, r, eta, *, beta_aware, normalize, cu_seqlens, chunk_
     return _formed_inverse(NC, prep, flags, gains, solve)
 
 
+def chunk_entries(k, cu_seqlens, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Empty float32 buffers for what the forward chain leaves behind, from which d is formed again: each chunk's
+    entry state x_0 [NC, H, K] and each token's u [B, T, H] (phase1_fwd_chunk's and phase1_bwd_chunk's `entries`):
+    1/C + 1/K of d_all's size."""
+    B, T, H, K = k.shape
+    NC = chunk_table(B, T, cu_seqlens, chunk_size, k.device)[0]
+    return (torch.empty(NC, H, K, dtype=torch.float32, device=k.device),
+            torch.empty(B, T, H, dtype=torch.float32, device=k.device))
+
+
+def _check_entries(entries, k, NC) -> None:
+    if entries is None:
+        return
+    B, T, H, K = k.shape
+    shapes = ((NC, H, K), (B, T, H))
+    if (not isinstance(entries, (tuple, list)) or len(entries) != 2
+            or any(x.shape != s or x.dtype != torch.float32 or not x.is_contiguous() for x, s in zip(entries, shapes))):
+        got = [f"{x.dtype} {list(x.shape)}" for x in entries] if isinstance(entries, (tuple, list)) else type(entries)
+        raise ValueError(f"entries: expected contiguous float32 (x_0 {list(shapes[0])}, u {list(shapes[1])}) "
+                         f"(chunk_entries), got {got}")
+
+
+def replay_d(k, r, entries, *, cu_seqlens, chunk_size: int = 64, precision: str = "ieee") -> torch.Tensor:
+    """d_all [B, T, H, K] float32 formed from a forward's `entries` by the out kernel alone, as phase1_bwd_chunk forms
+    it again per key block: what that forward would have stored with `store_d`."""
+    B, T, H, K = k.shape
+    C, BK = chunk_size, block_k(K)
+    NC, seq, start, _ = chunk_table(B, T, cu_seqlens, C, k.device)
+    _check_entries(entries, k, NC)
+    x0, u = entries
+    d_all = torch.empty(B, T, H, K, dtype=torch.float32, device=k.device)
+    phase1_chunk_out_kernel[(NC, H)](
+        k, r if r is not None else u, seq if seq is not None else k, start if start is not None else k,
+        cu_seqlens if cu_seqlens is not None else k, u, x0, d_all, u, u, u, u, T, H, K, 0.0, 0.0,
+        HAS_R=r is not None, IS_VARLEN=cu_seqlens is not None, C=C, BK=BK, PREC=precision, STORE_KT=False,
+        HAS_MIN=False, HAS_MAX=False, STORE_D=True, STORE_STATS=False, **_parallel_launch("out", C, BK),
+    )
+    return d_all
+
+
 def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware, normalize, cu_seqlens,
                      chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
                      store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True, inverse=None,
                      inverse_out: torch.Tensor | None = None, group: int | None = None,
-                     stats: torch.Tensor | None = None):
+                     stats: torch.Tensor | None = None, entries: tuple | None = None):
     """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K]
     float32), and with
     `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
@@ -847,7 +916,8 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     `inverse_out`: a float32 [B·T, H, C] tensor that receives the P this call forms (blockwise, no `inverse`).
     `group`: the chain walks groups of that many chunks (chain_group; _group_entries), else one chunk at a time.
     `stats`: a float32 [2, B, T, H] tensor that receives each token's s_t = ⟨d_t, a_t⟩ and ‖k_t‖² for the backward
-    (phase1_bwd_chunk's `stats`)."""
+    (phase1_bwd_chunk's `stats`). `entries`: chunk_entries' buffers, which receive the chain's entry states and u,
+    from which phase1_bwd_chunk forms d again: a backward then needs no d_all (chunk_osdn passes store_d=False)."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
     _check_group(group)
@@ -857,14 +927,14 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     C, BK = chunk_size, block_k(K)
     NC, offsets, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision,
                                                           beta_aware, normalize)
+    _check_entries(entries, k, NC)
     _, _, r_, _, seq, start, cu = prep
     f32 = dict(dtype=torch.float32, device=k.device)
     tq = torch.empty(NC, H, C, C, **f32)
     u0 = torch.empty(B, T, H, **f32)
     wd = torch.empty(B, T, H, **f32) if r is not None else u0  # no decays without r: stand-ins, never read
     ed = torch.empty(NC, H, **f32) if r is not None else u0
-    u = torch.empty(B, T, H, **f32)
-    x0 = torch.empty(NC, H, K, **f32)
+    x0, u = entries if entries is not None else (torch.empty(NC, H, K, **f32), torch.empty(B, T, H, **f32))
     d_all = torch.empty(B, T, H, K, **f32) if store_d else None
     d_final = torch.empty(N, H, K, **f32)
     inv, mode = _inverse(solver, inverse, k, C, inverse_out)
@@ -900,15 +970,19 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
 
 def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_max=None, beta_aware, normalize,
                      cu_seqlens, chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
-                     phase2_grads=None, inverse=None, group: int | None = None, stats: torch.Tensor | None = None):
+                     phase2_grads=None, inverse=None, group: int | None = None, stats: torch.Tensor | None = None,
+                     entries: tuple | None = None):
     """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r). With
     `phase2_grads` = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's sizes; `gd_all` must be None), the fused form
     of phase1.phase1_bwd_seq: the direct gradient of d is ∂k̃ ⊙ k, and ∂k, ∂β are the totals in k's and β's dtypes.
     `inverse`: the forward's P (chunk_inverses; blockwise solver), else formed again here. `group`: as in the
     forward, the reverse chain over groups of chunks. `stats`: the forward's per-token s_t and ‖k_t‖² (its
-    `stats`), else formed again from k and d_all."""
+    `stats`), else formed again from k and d. `entries`: the forward's (its `entries`), from which d is formed again
+    where it is used (d_all is then None and not read), at the forward's `precision`."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_bwd_chunk has no clip (d_min/d_max): use the sequential scan")
+    if (d_all is None) == (entries is None):
+        raise ValueError("phase1_bwd_chunk: pass either d_all or entries (the forward's, to form d again)")
     _check_group(group)
     _check_stats(stats, k)
     B, T, H, K = k.shape
@@ -916,6 +990,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
     C, BK = chunk_size, block_k(K)
     NC, offsets, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision,
                                                           beta_aware, normalize)
+    _check_entries(entries, k, NC)
     _, _, r_, _, seq, start, cu = prep
     f32 = dict(dtype=torch.float32, device=k.device)
     fused = phase2_grads is not None
@@ -958,9 +1033,12 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         dbeta = torch.empty(B, T, H, **f32) if beta_aware else torch.zeros(B, T, H, **f32)
     dr = torch.empty(B, T, H, **f32) if r is not None else None
     deta = torch.empty(B, T, H, **f32)
+    x0, u_fwd = entries if entries is not None else (p, p)
     phase1_chunk_bwd_out_kernel[(NC, H)](
-        k, beta, r_, eta, d_all, gd_all, seq, start, cu, p, lam_end, *(stats if stats is not None else (p, p)), dk,
-        dbeta, dr if dr is not None else dbeta, deta, dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS,
-        **gains, **flags, **solve, FUSED=fused, HAS_STATS=stats is not None, **_parallel_launch("bwd_out", C, BK),
+        k, beta, r_, eta, d_all if d_all is not None else p, x0, u_fwd, gd_all, seq, start, cu, p, lam_end,
+        *(stats if stats is not None else (p, p)), dk, dbeta, dr if dr is not None else dbeta, deta,
+        dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS,
+        **gains, **flags, **solve, FUSED=fused, HAS_STATS=stats is not None, REPLAY=entries is not None,
+        **_parallel_launch("bwd_out", C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)
