@@ -146,7 +146,7 @@ def phase1_form_used(x, eta, extra):
     H = x["k"].shape[2]
     p1 = dict(d_min=extra.get("d_min"), d_max=extra.get("d_max"), beta_aware=True, normalize=True)
     with torch.no_grad():
-        form, *_, outside, _, _ = phase1_fwd(x["k"], x["beta"], x["r"], None, torch.full((H,), eta, device=x["k"].device),
+        form, _, _, _, outside, _ = phase1_fwd(x["k"], x["beta"], x["r"], None, torch.full((H,), eta, device=x["k"].device),
                                           None, p1)
     if form == "speculative":
         form = "sequential" if outside.item() else "chunked"
