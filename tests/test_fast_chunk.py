@@ -386,7 +386,7 @@ def test_clipped_forward_backward_captures_in_a_cuda_graph(eta, acted, monkeypat
     do = torch.randn(v.shape, generator=gen).to(DEVICE, torch.bfloat16)
     options = dict(eta=eta, d_min=0.9, d_max=1.1)
     p1 = dict(d_min=0.9, d_max=1.1, beta_aware=True, normalize=True)
-    form, *_, outside, _, _ = chunk_ops.phase1_fwd(xs[1].detach(), xs[3].detach(), None, None,
+    form, *_, outside, _ = chunk_ops.phase1_fwd(xs[1].detach(), xs[3].detach(), None, None,
                                                    torch.full((2,), eta, device=DEVICE), None, p1)
     assert form == "speculative" and bool(outside.item()) == acted
 
