@@ -29,7 +29,11 @@
 #       (phase 1's chunk-form kernels swept at chunk_osdn's tiles: the walked chains' stages at (2, 4096, 32, 64) for
 #       K = 64 (version 19), at (4, 4096) from that pick, then the grouped chains' at (1, 16384) from both, then the
 #       whole op with all picks; version 18; the --tuning then names $OUT/grouped/tuning.json)
-#       SWEEP_ARGS go to the K = 64 and K = 128 sweeps, e.g. "--phase1-space 16,32,64:2,4:1,3" (version 22: two warps)
+#       SWEEP_ARGS go to the K = 64 and K = 128 sweeps, e.g. "--phase1-space 16,32,64:2,4:1,3" (version 22: two warps),
+#       GROUP_ARGS to the grouped one, e.g. "--group-space 16,32,64:4,8:1"; a limit of 0 skips a sweep, and the grouped
+#       sweep starts from the walked sweep's picks, else from the K = 64 sweep's
+#   STEPS="sweep_phase1 ab" SWEEP_WALKED_S=0 AB_TREE_ARGS='--tuning $OUT/grouped/tuning.json' AB_TREES="v29=.work/v29" ...
+#       (sweeps, then the A/B with this tree at the sweeps' picks and the base tree at its own settings; version 30)
 #   STEPS="pytest ab" AB_BASE=.work/base AB_ARGS="--ops osdn --shapes 4x4096x16x128" bash benchmarks/gpu_session.sh
 #       (a kernel change before its validation: the whole op, this tree against a base checkout carried as .work/base,
 #       alternating AB_ROUNDS times in one call; version 20; AB_TREES="base=.work/base alt=.work/alt" for more than one)
@@ -71,13 +75,15 @@ if has sweep_phase1; then  # K = 64, then K = 128 from its pick, then the groupe
         --stages "${SWEEP_WALKED_STAGES:-$P1_STAGES}" ${SWEEP_ARGS:-} $(from "$OUT/k64/tuning.json")
     (( ${SWEEP_GROUPED_S:-90} > 0 )) && step sweep_grouped "${SWEEP_GROUPED_S:-90}" python3 benchmarks/profile_phase2.py \
         --out "$OUT/grouped" --sweep-only --sweep-budget "$(( ${SWEEP_GROUPED_S:-90} - 40 ))" --shape 1x16384x16x128 \
-        --stages phase1_group_map,phase1_group_walk $(from "$OUT/walked/tuning.json")
+        --stages phase1_group_map,phase1_group_walk ${GROUP_ARGS:-} \
+        $(from "$OUT/walked/tuning.json" || from "$OUT/k64/tuning.json")
 fi
 has profile_op && step profile_op "${PROFILE_OP_S:-120}" python3 benchmarks/profile_op.py --out "$OUT" ${PROFILE_OP_ARGS:-}
 if has ab; then  # the whole op with this tree's kernels and other trees' (AB_TREES "name=dir ...", checkouts carried;
     # AB_BASE alone means "base=$AB_BASE"), in turn, AB_ROUNDS times: $OUT/ab_tree1, $OUT/ab_<name>1, ...
     for i in $(seq "${AB_ROUNDS:-2}"); do
-        step "ab_tree$i" "${AB_S:-90}" python3 benchmarks/profile_op.py --out "$OUT/ab_tree$i" ${AB_ARGS:-}
+        step "ab_tree$i" "${AB_S:-90}" python3 benchmarks/profile_op.py --out "$OUT/ab_tree$i" ${AB_ARGS:-} \
+            $(eval echo "${AB_TREE_ARGS:-}")  # e.g. '--tuning $OUT/grouped/tuning.json': this tree's sweep picks only
         for tree in ${AB_TREES:-base=${AB_BASE:?set AB_BASE or AB_TREES}}; do
             PYTHONPATH="/tmp/site:${tree#*=}" step "ab_${tree%%=*}$i" "${AB_S:-90}" \
                 python3 "${tree#*=}/benchmarks/profile_op.py" --out "$OUT/ab_${tree%%=*}$i" ${AB_ARGS:-}
@@ -85,5 +91,5 @@ if has ab; then  # the whole op with this tree's kernels and other trees' (AB_TR
     done
 fi
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
-rm -f "$OUT/tuning.json"  # a sweep's pick is read from profile_phase2.json; keep the file count down
+rm -f "$OUT/tuning.json" "$OUT"/*/tuning.json  # a sweep's picks are in its profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80

@@ -270,6 +270,8 @@ def main(argv=None):
     ap.add_argument("--space", help="the other phase-2 stages' space instead of SPACE, as BV:warps:stages")
     ap.add_argument("--phase1-space", help="phase 1's chunk-parallel kernels' space instead of PHASE1_SPACE, as "
                                            "KB:warps:stages, e.g. 16,32,64:2,4:1,3")
+    ap.add_argument("--group-space", help="the grouped chains' sweep space instead of GROUP_SPACE, as "
+                                          "BN:warps:stages, e.g. 16,32,64:4,8:1")
     ap.add_argument("--sweep-only", action="store_true",
                     help="only the sweep, its best applied into tuning.json: no whole-op medians, kernel tables or "
                          "tuned run (a short device call)")
@@ -279,7 +281,8 @@ def main(argv=None):
     shape = tuple(int(n) for n in args.shape.split("x"))
     for flag, value, space, tile in (("--state-space", args.state_space, STATE_SPACE, "BV"),
                                      ("--space", args.space, SPACE, "BV"),
-                                     ("--phase1-space", args.phase1_space, PHASE1_SPACE, "KB")):
+                                     ("--phase1-space", args.phase1_space, PHASE1_SPACE, "KB"),
+                                     ("--group-space", args.group_space, GROUP_SPACE, "BN")):
         if value:
             values = [tuple(int(v) for v in part.split(",")) for part in value.split(":")]
             if len(values) != 3:
@@ -306,6 +309,7 @@ def main(argv=None):
                   fla="missing" if fla is None else "0.6.0", shape=shape, options=OPTIONS,
                   committed_tuning=committed, applied_tuning=applied)
     result["state_space"], result["space"], result["phase1_space"] = STATE_SPACE, SPACE, PHASE1_SPACE
+    result["group_space"] = GROUP_SPACE
     if not args.sweep_only:
         result["committed"], result["kernels"] = whole_op(x, fla), op_kernels(x, fla, osdn_fwd, do)
         save(args.out, "profile_phase2.json", result)

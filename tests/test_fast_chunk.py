@@ -143,10 +143,13 @@ def test_phase1_form_speculates_on_an_idle_clip(eta, r, form, acted, monkeypatch
     assert (kept is not None) == (form in ("chunked", "speculative"))  # for its backward
     assert used == form
     assert (outside is None) if acted is None else (bool(outside.item()) == acted)
-    if acted is False:  # the chunk form stores no d_t (version 29): formed from its entries as its backward forms them
+    assert (d_all is None) == (form == "speculative")  # the chunk forms store no d_t: their backward forms them again
+    if acted is False:  # from the chunk form's entries (version 29)
         d_all = phase1_chunk.replay_d(k, rr, kept[2], cu_seqlens=None,
                                       chunk_size=chunk_ops.PHASE1_CHUNKED["chunk_size"],
                                       precision=chunk_ops.PHASE1_CHUNKED["precision"])
+    elif acted:  # by the guarded scan again, which the backward runs if the clip acted
+        d_all = chunk_ops.phase1_fwd_seq(k, beta, rr, None, eta_h, cu_seqlens=None, **p1)[0]
     ref = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=None if rr is None else rr.double(),
                                        d_min=0.9, d_max=1.1)
     osdn_ref.check("d_all", d_all, ref.d, FORWARD_TOL)
@@ -176,14 +179,15 @@ def test_speculation_fails_when_only_the_final_d_leaves_the_clip(side, eta, seed
     assert final > inner + 1e-3  # this seed's last update goes beyond every earlier d on this side
     bound = sign * float((inner + final) / 2)
     p1 = {"d_min": None, "d_max": None, "beta_aware": True, "normalize": True, side: bound}
-    form, d_all, d_final, _, outside, *_ = chunk_ops.phase1_fwd(k.to(DEVICE), beta.to(DEVICE),
+    form, d_all, d_final, kt, outside, *_ = chunk_ops.phase1_fwd(k.to(DEVICE), beta.to(DEVICE),
                                                                 None if rr is None else rr.to(DEVICE),
                                                                 d0.float().to(DEVICE),
                                                                 torch.full((2,), eta, device=DEVICE), None, p1)
     assert form == "speculative" and int(outside.item()) == 1
     assert (chunk_ops.phase1_group(k, None) is not None) == grouped
     clipped = osdn_ref.preconditioner_scan(k.double(), beta.double(), eta=eta, r=r64, d0=d0, **{side: bound})
-    osdn_ref.check("d_all", d_all, clipped.d, FORWARD_TOL)
+    assert d_all is None  # the redone scan stores no d_t: the backward runs it again if the clip acted
+    osdn_ref.check("k̃", kt, clipped.d * k.double(), FORWARD_TOL)
     osdn_ref.check("d_final", d_final, clipped.d_final, FORWARD_TOL)
     assert not torch.allclose(clipped.d_final, ref.d_final)  # the clip acted on the final d
 
@@ -238,7 +242,7 @@ def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     kept = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1)
     skipped = chunk_ops.phase1_fwd(k, beta, rr, None, eta_h, None, p1, store_d=False)
     assert kept[0] == skipped[0] == form and skipped[1] is None
-    assert (kept[1] is None) == (form == "chunked")  # the chunk form keeps its entries instead (version 29)
+    assert (kept[1] is None) == (form in ("chunked", "speculative"))  # the chunk forms keep their entries instead
     assert skipped[5] is None  # P, stats and entries, kept only for a backward of the chunk form
     assert (kept[5] is not None) == (form in ("chunked", "speculative"))
     for a, b in zip(kept[2:5], skipped[2:5]):  # d_final, k̃, and the speculation's flag
@@ -358,10 +362,12 @@ def test_speculative_backward_guarded_on_the_device(eta, r, acted, monkeypatch):
     grads = (torch.randn(k.shape, generator=gen).to(DEVICE), torch.randn(k.shape, generator=gen).to(DEVICE),
              torch.randn(beta.shape, generator=gen).to(DEVICE))
     dd_final = torch.randn(2, 2, 8, generator=gen).to(DEVICE)
-    guarded = chunk_ops.phase1_bwd_speculative_guarded(k, beta, rr, eta_h, d_all, dd_final, None, grads, p1, outside,
+    assert d_all is None  # neither the chunk form nor the guarded scan stores d_t
+    guarded = chunk_ops.phase1_bwd_speculative_guarded(k, beta, rr, None, eta_h, dd_final, None, grads, p1, outside,
                                                        kept)
     if acted:
-        alone = chunk_ops.phase1_bwd_seq(k, beta, rr, eta_h, d_all, None, dd_final, cu_seqlens=None,
+        d_seq = chunk_ops.phase1_fwd_seq(k, beta, rr, None, eta_h, cu_seqlens=None, **p1)[0]
+        alone = chunk_ops.phase1_bwd_seq(k, beta, rr, eta_h, d_seq, None, dd_final, cu_seqlens=None,
                                          phase2_grads=grads, **p1)
     else:
         inv, stats, entries = kept  # d_all was not written: the chunk form's backward forms d from the entries

@@ -397,6 +397,49 @@ def test_chunk_backward_forms_d_from_the_forward_entries(cu):
         replay_d(k, r, (entries[0], entries[1].double()), cu_seqlens=cu, chunk_size=32)
 
 
+def test_grouped_chains_keep_the_beta_free_fixed_point_in_tf32(monkeypatch):
+    """With L2-normalised keys the β-free update has d = 1 as a fixed point (SPEC §2), so ∂η = Σ p_t (1 − ⟨d_t, k_t²⟩)
+    is round-off. The grouped chains' K×K maps are products of the chain's steps; in TF32 (a 10-bit mantissa, what
+    float32 tl.dot runs in on the H200) they moved d off 1 by up to 1e-5 and ∂η to 3.3e-4 on the H200 (NOTES, version
+    29, call 7). On the interpreter tl.dot's TF32 operands are rounded here as the GPU rounds them (nearest, ties away,
+    at bit 13), so the test sees what the GPU sees: the maps' dots (phase1_chunk.MAP_PRECISION) must keep d at 1 and
+    ∂η at round-off, as the walked chain does."""
+    import numpy as np
+
+    import osdn_fast
+    from osdn_fast.ops import chunk
+
+    if DEVICE == "cpu":
+        import triton.runtime.interpreter as interp
+        plain = interp.InterpreterBuilder.create_dot
+
+        def tf32(x):
+            u = x.astype(np.float32).view(np.uint32)
+            return ((u + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+        def rounded(self, a, b, d, input_precision, max_num_imprecise_acc):
+            if a.data.dtype == b.data.dtype == np.float32 and str(input_precision).upper().endswith("TF32"):
+                a, b = interp.TensorHandle(tf32(a.data), a.dtype), interp.TensorHandle(tf32(b.data), b.dtype)
+            return plain(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+        monkeypatch.setattr(interp.InterpreterBuilder, "create_dot", rounded)
+    monkeypatch.setattr(chunk, "PHASE1_CHUNKED_MIN_T", 1)
+    monkeypatch.setattr(chunk, "PHASE1_GROUP_MIN_CHUNKS", 2)
+    monkeypatch.setattr(chunk, "PHASE1_GROUP_MAX_CHAINS", 1 << 30)
+    gen = torch.Generator().manual_seed(2)
+    q, v = torch.randn(1, 70, 1, 3, generator=gen), torch.randn(1, 70, 1, 2, generator=gen)
+    k = F.normalize(torch.randn(1, 70, 1, 3, generator=gen, dtype=torch.float64), dim=-1).float()
+    beta = torch.rand(1, 70, 1, generator=gen)
+    xs = [x.to(DEVICE).requires_grad_() for x in (q, k, v, beta)]
+    eta = torch.full((1,), 0.003, device=DEVICE, requires_grad=True)
+    assert chunk.phase1_group(xs[1], None) == 2
+    o, (S, d) = osdn_fast.chunk_osdn(*xs, eta=eta, beta_aware=False, normalize=False, chunk_size=16,
+                                     output_final_state=True)
+    (o.double().sum() + d.double().sum()).backward()
+    assert (d - 1).abs().max().item() < 1e-6, (d - 1).abs().max().item()
+    assert eta.grad.abs().max().item() < 1e-5, eta.grad.abs().max().item()
+
+
 def test_eta_zero_keeps_d0():
     """η = 0 is DeltaNet: d stays at d_0 (ones) for every token, in both forms."""
     k = torch.randn(2, 9, 2, 7, device=DEVICE)

@@ -129,8 +129,9 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     Without `store_d` (no backward will follow) d_all is not written and comes back None. The chunk form never
     stores d_all (version 29): when a backward follows it keeps, in `kept` = (P, stats, entries), its (I + L)⁻¹
     (phase1_fwd_chunk's `inverse_out`), per-token s_t, ‖k_t‖² (`stats`) and the chain's entry states and u
-    (`entries`), from which its backward forms d again; without the clip d_all is then None, with it d_all is the
-    buffer the guarded scan writes if the clip acted (read only then). Other forms, and no backward: kept is None."""
+    (`entries`), from which its backward forms d again. The guarded scan of the speculative form stores no d either:
+    if the clip acted, its backward runs that scan again for d (phase1_bwd_speculative_guarded). So d_all is None in
+    both chunk forms. Other forms, and no backward: kept is None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
     if form == "sequential":  # r as stored: float32 r made the forward-only scan slower since version 14 (NOTES)
@@ -144,7 +145,7 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
         return form, d_all, d_final, kt, None, None
     clipped = p1["d_min"] is not None or p1["d_max"] is not None
     gains = dict(beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens)
-    kept = d_all = None
+    kept = None
     if store_d:  # a backward follows: it reuses the chunks' inverses, s_t, ‖k_t‖² and entry states
         kept = (torch.empty(k.shape[0] * k.shape[1], k.shape[2], PHASE1_CHUNKED["chunk_size"], dtype=torch.float32,
                             device=k.device),
@@ -157,11 +158,9 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
         **PHASE1_CHUNKED)
     if not clipped:
         return form, None, d_final, kt, None, kept
-    if store_d:  # the guarded scan's d_t, for its guarded backward
-        d_all = torch.empty(*k.shape, dtype=torch.float32, device=k.device)
-    phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(d_all, d_final, kt),
-                   only_if=outside, store_d=store_d, **p1)
-    return "speculative", d_all, d_final, kt, outside, kept
+    phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(None, d_final, kt),
+                   only_if=outside, store_d=False, **p1)
+    return "speculative", None, d_final, kt, outside, kept
 
 
 def phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1):
@@ -187,13 +186,17 @@ def phase1_bwd_chunked(k, beta, r, eta, dd_final, cu_seqlens, phase2_grads, p1, 
                             group=phase1_group(k, cu_seqlens), stats=stats, entries=entries, **PHASE1_CHUNKED)
 
 
-def phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens, phase2_grads, p1, outside, kept):
-    """The backward after the speculative forward: the chunk form's backward, then the sequential reverse scan into
-    the same outputs, guarded by the forward's `outside` flag to run only if the clip acted (then the forward was
-    redone by the scan and d_all is the clipped one). No host synchronisation, so it can be captured in a CUDA graph.
+def phase1_bwd_speculative_guarded(k, beta, r, d0, eta, dd_final, cu_seqlens, phase2_grads, p1, outside, kept):
+    """The backward after the speculative forward: the chunk form's backward, then, guarded by the forward's `outside`
+    flag to run only if the clip acted, the clipped sequential scan again for its d_t (the forward stored none), and
+    the sequential reverse scan into the same outputs. d_all is allocated here, after phase 2's backward has released
+    its buffers, so below the forward+backward's peak. No host synchronisation, so it can be captured in a CUDA graph.
     (dk, dbeta, dr, dd0, deta [1, H])."""
     dk, dbeta, dr, dd0, deta_chunks = phase1_bwd_chunked(k, beta, r, eta, dd_final, cu_seqlens, phase2_grads, p1,
                                                          kept)
+    d_all = torch.empty(k.shape, dtype=torch.float32, device=k.device)
+    phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, out=(d_all, torch.empty_like(dd0), None),
+                   only_if=outside, **p1)
     deta_seq = torch.empty(dd0.shape[:2], dtype=torch.float32, device=k.device)
     phase1_bwd_seq(k, beta, r, eta, d_all, None, dd_final, cu_seqlens=cu_seqlens, phase2_grads=phase2_grads,
                    out=(dk, dbeta, dr, dd0, deta_seq), only_if=outside, **p1)
@@ -245,7 +248,7 @@ class ChunkOSDN(torch.autograd.Function):
             dk, dbeta, dr, dd0, deta = phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens,
                                                                  (dkt, dk2, dbeta2), ctx.p1)
         elif form == "speculative":
-            dk, dbeta, dr, dd0, deta = phase1_bwd_speculative_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens,
+            dk, dbeta, dr, dd0, deta = phase1_bwd_speculative_guarded(k, beta, r, d0, eta, dd_final, cu_seqlens,
                                                                       (dkt, dk2, dbeta2), ctx.p1, outside, p1_kept)
         elif form == "chunked":
             dk, dbeta, dr, dd0, deta = phase1_bwd_chunked(k, beta, r, eta, dd_final, cu_seqlens, (dkt, dk2, dbeta2),
