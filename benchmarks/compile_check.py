@@ -121,7 +121,7 @@ def chunked_phase1_jobs(BK):
              state_launch[G]),  # the speculative forward's: it also checks the final d
             (chk.phase1_chunk_bwd_state_kernel, dict(flags, HAS_GD_FINAL=True, G=G), (),
              chk._chain_launch("bwd_state", C, BK)))] + [
-        (chk.phase1_chunk_group_map_kernel, dict(flags, G=16, PREC=chk.MAP_PRECISION, REVERSE=reverse, BN=map_bn,
+        (chk.phase1_chunk_group_map_kernel, dict(flags, G=16, PREC=solve["PREC"], REVERSE=reverse, BN=map_bn,
                                                  VEC=vec), (), map_launch)
         for reverse in (False, True) for vec in (False, True)] + [
         (chk.phase1_chunk_group_walk_kernel, dict(HAS_INIT=True, IS_VARLEN=True, C=C, BK=BK, G=16, REVERSE=reverse,

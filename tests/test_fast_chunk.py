@@ -30,6 +30,10 @@ GRAD_TOL = 1e-3 if DEVICE == "cpu" else 1e-2
 HALF_TOL = 3e-2  # bfloat16 / float16 inputs (rounded once on the way in)
 FLOOR = 1e-2  # below this norm errors count absolutely: e.g. ∂η vanishes at the beta-free fixed point d = 1,
 #               where the float32 round-off of 1 − ⟨d, k²⟩ is all that is left
+# ... or TF32's, on a GPU, where phase 1's chains are walked in groups: the groups' K×K maps are TF32 products, which
+# move d off that fixed point by ~1e-5 and left ∂η 3.3e-4 from 0 on the H200 (version 29; 3xTF32 maps cost 41% of
+# the forward at (1, 16384, 16, 128): NOTES, version 30; test_fast_phase1's fixed-point test bounds it on the CPU)
+GROUPED_DETA_FLOOR = 1e-1 if DEVICE == "cuda" else FLOOR
 
 
 def leaves(tensors, dtype):
@@ -50,8 +54,9 @@ def run(op, x, options, cotangents, **extra):
 
 
 def compare(tensors, options, chunk_size, dtype=torch.float32, fwd_tol=FORWARD_TOL, grad_tol=GRAD_TOL,
-            cu_seqlens=None):
-    """Run both ops on the same float64 values and check every result and gradient."""
+            cu_seqlens=None, floors=None):
+    """Run both ops on the same float64 values and check every result and gradient (relative errors, with norms
+    below FLOOR, or the result's own floor in `floors`, counted as that floor)."""
     gen = torch.Generator().manual_seed(1)
     o_shape = tensors["v"].shape
     N, H, K = (len(cu_seqlens) - 1 if cu_seqlens is not None else o_shape[0]), o_shape[2], tensors["k"].shape[-1]
@@ -65,7 +70,8 @@ def compare(tensors, options, chunk_size, dtype=torch.float32, fwd_tol=FORWARD_T
     for name, expected in ref.items():
         tol = fwd_tol if name in ("o", "S", "d") else grad_tol
         assert name in fast and fast[name] is not None, name
-        err = (fast[name].double() - expected).norm().item() / max(expected.norm().item(), FLOOR)
+        floor = (floors or {}).get(name, FLOOR)
+        err = (fast[name].double() - expected).norm().item() / max(expected.norm().item(), floor)
         assert err <= tol, f"{name}: relative error {err:.2e} > {tol:.0e}"
 
 
@@ -106,12 +112,13 @@ def test_matches_reference_with_chunked_phase1(p, chunk_size):
                   K=st.sampled_from([3, 16]), V=st.sampled_from([2, 16])))
 def test_matches_reference_with_grouped_phase1_chains(p):
     """The same with phase 1's chains walked in groups of chunks (chunk.phase1_group, forced at any length and
-    number of chains, as validate_gpu.py's "grouped" runs force it)."""
+    number of chains, as validate_gpu.py's "grouped" runs force it); ∂η's floor is TF32's on a GPU
+    (GROUPED_DETA_FLOOR)."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
         patch.setattr(chunk_ops, "PHASE1_GROUP_MIN_CHUNKS", 2)
         patch.setattr(chunk_ops, "PHASE1_GROUP_MAX_CHAINS", 1 << 30)
-        compare(*as_tensors(p), 16)
+        compare(*as_tensors(p), 16, floors=dict(deta=GROUPED_DETA_FLOOR))
 
 
 def test_phase1_group_rule():

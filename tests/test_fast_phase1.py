@@ -397,13 +397,14 @@ def test_chunk_backward_forms_d_from_the_forward_entries(cu):
         replay_d(k, r, (entries[0], entries[1].double()), cu_seqlens=cu, chunk_size=32)
 
 
-def test_grouped_chains_keep_the_beta_free_fixed_point_in_tf32(monkeypatch):
+@pytest.mark.parametrize("grouped, d_bound, deta_bound", [(False, 1e-6, 1e-5), (True, 1e-4, 1e-3)])
+def test_chains_keep_the_beta_free_fixed_point_in_tf32(grouped, d_bound, deta_bound, monkeypatch):
     """With L2-normalised keys the β-free update has d = 1 as a fixed point (SPEC §2), so ∂η = Σ p_t (1 − ⟨d_t, k_t²⟩)
-    is round-off. The grouped chains' K×K maps are products of the chain's steps; in TF32 (a 10-bit mantissa, what
-    float32 tl.dot runs in on the H200) they moved d off 1 by up to 1e-5 and ∂η to 3.3e-4 on the H200 (NOTES, version
-    29, call 7). On the interpreter tl.dot's TF32 operands are rounded here as the GPU rounds them (nearest, ties away,
-    at bit 13), so the test sees what the GPU sees: the maps' dots (phase1_chunk.MAP_PRECISION) must keep d at 1 and
-    ∂η at round-off, as the walked chain does."""
+    is round-off. On the interpreter tl.dot's TF32 operands are rounded here as the H200 rounds them (nearest, ties
+    away, at bit 13), so the test sees what the GPU sees. The walked chain has no dot: d stays at 1 to float32's
+    round-off. The grouped chains' K×K maps are TF32 products: d leaves 1 by TF32's error (about 1e-5 here; its unit
+    round-off is 4.9e-4) and ∂η with it, within GRAD_TOL × GROUPED_DETA_FLOOR of test_fast_chunk.py (1e-3). The maps
+    in 3xTF32 keep d at 1 but cost 41% of the forward at (1, 16384, 16, 128) on the H200 (NOTES, version 30)."""
     import numpy as np
 
     import osdn_fast
@@ -424,7 +425,7 @@ def test_grouped_chains_keep_the_beta_free_fixed_point_in_tf32(monkeypatch):
 
         monkeypatch.setattr(interp.InterpreterBuilder, "create_dot", rounded)
     monkeypatch.setattr(chunk, "PHASE1_CHUNKED_MIN_T", 1)
-    monkeypatch.setattr(chunk, "PHASE1_GROUP_MIN_CHUNKS", 2)
+    monkeypatch.setattr(chunk, "PHASE1_GROUP_MIN_CHUNKS", 2 if grouped else 1 << 30)
     monkeypatch.setattr(chunk, "PHASE1_GROUP_MAX_CHAINS", 1 << 30)
     gen = torch.Generator().manual_seed(2)
     q, v = torch.randn(1, 70, 1, 3, generator=gen), torch.randn(1, 70, 1, 2, generator=gen)
@@ -432,12 +433,12 @@ def test_grouped_chains_keep_the_beta_free_fixed_point_in_tf32(monkeypatch):
     beta = torch.rand(1, 70, 1, generator=gen)
     xs = [x.to(DEVICE).requires_grad_() for x in (q, k, v, beta)]
     eta = torch.full((1,), 0.003, device=DEVICE, requires_grad=True)
-    assert chunk.phase1_group(xs[1], None) == 2
+    assert chunk.phase1_group(xs[1], None) == (2 if grouped else None)
     o, (S, d) = osdn_fast.chunk_osdn(*xs, eta=eta, beta_aware=False, normalize=False, chunk_size=16,
                                      output_final_state=True)
     (o.double().sum() + d.double().sum()).backward()
-    assert (d - 1).abs().max().item() < 1e-6, (d - 1).abs().max().item()
-    assert eta.grad.abs().max().item() < 1e-5, eta.grad.abs().max().item()
+    assert (d - 1).abs().max().item() < d_bound, (d - 1).abs().max().item()
+    assert eta.grad.abs().max().item() < deta_bound, eta.grad.abs().max().item()
 
 
 def test_eta_zero_keeps_d0():

@@ -34,7 +34,6 @@ from .solve import invert_chunk
 from .tuning import TUNING
 
 TUNED_TILES = (32, 128)  # (C, BK) of TUNING's phase1_* entries: chunk.PHASE1_CHUNKED's chunks at K = 128 (tuning_key)
-MAP_PRECISION = "tf32x3"  # the group maps' dots: TF32 products of K×K maps moved d off the β-free fixed point (NOTES)
 CHAIN_REGISTERS = dict(maxnreg=128)  # the forward chain's launch with r replaying groups: 149 registers unbounded
 SOLVERS = ("substitution", "doubling", "blockwise")  # how each chunk's (I + L)⁻¹ is formed: _unit_lower_inverse
 # in the prep kernels, or (blockwise) L stored by the prep kernel and inverted there in place, solve.py's 16×16 tiles
@@ -728,8 +727,7 @@ def _group_entries(prep, offsets, cu_seqlens, tmat, y0, bias, x_init, x_final, G
     for vec, grid in ((False, (NG, H, BK // BN)), (True, (NG, H, 1))):  # M's columns, then m
         phase1_chunk_group_map_kernel[grid](
             k, beta, r, eta, offsets, cu, gseq, gfirst, tmat, y0, bias if bias is not None else y0, maps, shifts,
-            T, H, K, EPS, **gains, **flags, G=G, PREC=MAP_PRECISION if prec == "tf32" else prec, REVERSE=reverse,
-            BN=BN, VEC=vec, **launch,
+            T, H, K, EPS, **gains, **flags, G=G, PREC=prec, REVERSE=reverse, BN=BN, VEC=vec, **launch,
         )
     phase1_chunk_group_walk_kernel[(N, H)](
         x_init if x_init is not None else x_final, maps, shifts, x_grp, x_final, goffs, T, H, K,

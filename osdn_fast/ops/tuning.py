@@ -45,7 +45,7 @@ TUNING = {
     "phase1_bwd_out_k64": dict(KB=64, num_warps=2, num_stages=2),
     "phase1_state_k64": dict(num_warps=4, num_stages=2),
     "phase1_bwd_state_k64": dict(num_warps=4, num_stages=2),
-    "phase1_group_map": dict(BN=16, num_warps=8, num_stages=1),
+    "phase1_group_map": dict(BN=128, num_warps=4, num_stages=1),
     "phase1_group_walk": dict(num_warps=8, num_stages=1),
 }
 
