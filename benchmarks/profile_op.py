@@ -14,6 +14,7 @@ Writes profile_op.json into --out.
     python benchmarks/profile_op.py --out $OUT                                   # on the GPU
     python benchmarks/profile_op.py --out $OUT --shapes 1x16384x16x128 --ops osdn,osdn_apf_clip,fla_delta_rule
     python benchmarks/profile_op.py --out $OUT --tuning sweep/tuning.json --ops osdn,fla_delta_rule   # a sweep's pick
+    python benchmarks/profile_op.py --out $OUT --ops osdn_clip --eta 2.0   # with the clip acting
 """
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ OPS = ["fla_delta_rule", "osdn", "osdn_clip", "osdn_apf_clip"]  # fla first: a f
 ETA = 0.003
 
 
-def call_of(name, x):
+def call_of(name, x, eta=ETA):
     """Zero-argument forward of op `name` on inputs x, returning the output o."""
     if name == "fla_delta_rule":
         from fla.ops.delta_rule import chunk_delta_rule
@@ -43,7 +44,7 @@ def call_of(name, x):
     import osdn_fast
 
     _, _, extra = osdn_variants()[name]
-    return lambda: osdn_fast.chunk_osdn(**x, eta=ETA, **extra)[0]
+    return lambda: osdn_fast.chunk_osdn(**x, eta=eta, **extra)[0]
 
 
 def measure(fn, leaves):
@@ -66,6 +67,8 @@ def main(argv=None):
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated BxTxHxD")
     ap.add_argument("--ops", default=",".join(OPS), help="comma-separated OSDN variants and fla_delta_rule")
     ap.add_argument("--tuning", help="JSON {stage: launch settings} applied over TUNING (a sweep's tuning.json)")
+    ap.add_argument("--eta", type=float, default=ETA, help=f"OSDN's η (default {ETA}; e.g. 2.0: the clip of "
+                                                            "osdn_clip acts, version 30)")
     args = ap.parse_args(argv)
     ops = args.ops.split(",")
     unknown = set(ops) - set(osdn_variants()) - {"fla_delta_rule"}
@@ -77,7 +80,7 @@ def main(argv=None):
 
     result = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                   command=" ".join(["python3"] + sys.argv), gpu=torch.cuda.get_device_name(),
-                  torch=torch.__version__, triton=triton.__version__, eta=ETA,
+                  torch=torch.__version__, triton=triton.__version__, eta=args.eta,
                   applied_tuning=apply_tuning(args.tuning) if args.tuning else None, rows=[])
     for shape in args.shapes.split(","):
         B, T, H, D = map(int, shape.split("x"))
@@ -85,7 +88,7 @@ def main(argv=None):
             gate, apf = (False, False) if name == "fla_delta_rule" else osdn_variants()[name][:2]
             x, do = make_inputs(B, T, H, D, torch.bfloat16, "cuda", gate, apf)
             leaves = [x[n].requires_grad_() for n in ("q", "k", "v", "beta")]
-            fwd = call_of(name, x)
+            fwd = call_of(name, x, args.eta)
             for mode, fn in (("fwd", fwd), ("fwdbwd", lambda fwd=fwd: fwd().backward(do))):
                 with torch.no_grad() if mode == "fwd" else torch.enable_grad():
                     try:
