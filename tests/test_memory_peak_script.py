@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 spec = importlib.util.spec_from_file_location("memory_peak", ROOT / "benchmarks" / "memory_peak.py")
@@ -42,3 +43,22 @@ def test_the_site_is_the_innermost_frame_of_ours_or_fla():
     assert memory_peak.site([TORCH, fla, WY]) == "fla/ops/delta_rule/chunk.py:77 chunk_delta_rule_bwd"
     assert memory_peak.site([OUT, WY]) == "osdn_fast/ops/output.py:144 output_bwd"
     assert memory_peak.site([TORCH]) == "(torch internals)"
+
+
+def test_live_storages_count_each_storage_once_until_its_last_tensor_dies():
+    """The CPU count (memory_peak.py --cpu): a view adds no bytes, a storage is released with its last tensor, and
+    the peak keeps the blocks alive then, named by the line that made them."""
+    with memory_peak.LiveStorages() as live:
+        a = torch.empty(100, dtype=torch.uint8)
+        b = torch.empty(300, dtype=torch.uint8)
+        view = b[10:]                      # b's storage: no new bytes
+        del b
+        c = torch.empty(250, dtype=torch.uint8)  # 650 alive: b's storage lives on in its view
+        del view, a
+        d = torch.empty(200, dtype=torch.uint8)  # 450 alive
+        assert live.now == 450
+    assert live.peak == 650 and sorted(blk["size"] for blk in live.at_peak) == [100, 250, 300]
+    groups = memory_peak.by_site(live.at_peak, unit=50)
+    assert [(g["site"], g["blocks"]) for g in groups] == [("(torch internals)", 3)]  # a test's lines are not OWN
+    assert groups[0]["units"] == pytest.approx(13.0)
+    del c, d
