@@ -388,6 +388,35 @@ def test_speculative_backward_guarded_on_the_device(eta, r, acted, monkeypatch):
         assert (a is None and b is None) or torch.equal(a, b), name
 
 
+@pytest.mark.parametrize("eta", [0.003, 2.0])
+def test_clipped_forward_backward_peaks_at_the_unclipped_ones(eta, monkeypatch):
+    """The speculative form holds nothing for its clip until the backward (version 30): counted by memory_peak.py's
+    LiveStorages (the storages torch operators return, alive until their last tensor dies), one forward+backward of
+    `osdn_clip` peaks at `osdn`'s (but its 4-byte flag), with the clip idle (η = 0.003) and acting (η = 2: its backward runs the clipped scan
+    again, into a d_all allocated after the peak). Version 29 held a float32 d_all from the forward: two bf16 units more."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("memory_peak", Path(__file__).resolve().parents[1] / "benchmarks" /
+                                                  "memory_peak.py")
+    memory_peak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(memory_peak)
+    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
+    gen, (q, k, v, beta) = make_tensors(8, 1, 64, 2, 16, 16, torch.float32)
+    do = torch.randn(v.shape, generator=gen).to(DEVICE, torch.bfloat16)
+    peaks, forms = {}, {}
+    for name, clip in (("osdn", {}), ("osdn_clip", dict(d_min=2 / 3, d_max=1.5))):
+        xs = [t.to(DEVICE, torch.bfloat16).requires_grad_() for t in (q, k, v, beta)]
+        p1 = dict(d_min=clip.get("d_min"), d_max=clip.get("d_max"), beta_aware=True, normalize=True)
+        form = chunk_ops.phase1_fwd(xs[1].detach(), xs[3].detach(), None, None, torch.full((2,), eta, device=DEVICE),
+                                    None, p1, store_d=False)
+        forms[name] = (form[0], None if form[4] is None else bool(form[4].item()))
+        call = lambda xs=xs, clip=clip: osdn_fast.chunk_osdn(*xs, eta=eta, **clip)[0]  # noqa: E731
+        peaks[name] = memory_peak.cpu_peak(call, do, unit=1)["peak_mib"] * 2**20
+    assert forms == {"osdn": ("chunked", None), "osdn_clip": ("speculative", eta > 1)}
+    unit = k.numel() * 2  # one bf16 [B, T, H, K]: 4096 bytes here
+    assert 0 <= peaks["osdn_clip"] - peaks["osdn"] < 0.01 * unit, peaks  # the clip's int32 flag (4 bytes) alone
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("eta, acted", [(0.01, False), (2.0, True)])
 def test_clipped_forward_backward_captures_in_a_cuda_graph(eta, acted, monkeypatch):
