@@ -32,8 +32,9 @@ FLOOR = 1e-2  # below this norm errors count absolutely: e.g. ∂η vanishes at 
 #               where the float32 round-off of 1 − ⟨d, k²⟩ is all that is left
 # ... or TF32's, on a GPU, where phase 1's chains are walked in groups: the groups' K×K maps are TF32 products, which
 # move d off that fixed point by ~1e-4 and left ∂η 3.3e-4 from 0 on the H200 (version 29; up to 9e-4 on the CPU with
-# TF32 emulated; 3xTF32 maps cost 41% of the forward at (1, 16384, 16, 128): NOTES, version 30;
-# test_fast_phase1's fixed-point test bounds it on the CPU)
+# TF32 emulated; 3xTF32 maps cost 41% of the forward at (1, 16384, 16, 128): NOTES, version 30; their operands rounded
+# to nearest still left ∂η 6.2e-4 from 0 at η = 0.1: NOTES, after version 30; test_fast_phase1's fixed-point test bounds
+# it on the CPU)
 GROUPED_DETA_FLOOR = 3e-1 if DEVICE == "cuda" else FLOOR
 
 
