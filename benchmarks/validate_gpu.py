@@ -2,7 +2,8 @@
 
 For fla's test shapes (B, T, H, D) and packed variable-length sequences, in bfloat16 and float16, without a
 gate and with the GDN gate, with the clip and in bfloat16 also without it, it compares the output, both final
-states (S, d) and the gradient of every input (q, k, v, β, g, S0, d0) by relative RMSE ‖fast − ref‖ / ‖ref‖,
+states (S, d) and the gradient of every input (q, k, v, β, g, S0, d0, and η, given as a per-head tensor [H] so
+that ∂η, a sum over every token and channel of its head, is checked too) by relative RMSE ‖fast − ref‖ / ‖ref‖,
 the reference running in float64 on the same device from the same rounded inputs, and checks that a forward
 without gradients (where phase 1 skips d_all) gives the same outputs and states bit for bit. Thresholds: 0.006 for outputs and
 states, 0.008 for gradients, and fla's tolerance for gate gradients, 0.02 (its gated delta rule tests hold dg and dβ
@@ -68,9 +69,9 @@ def kernel_digest() -> str:
     return h.hexdigest()
 
 
-def make_case(B, T, H, D, dtype, gate, N, device, seed=0, apf=False):
-    """Inputs (in `dtype`, states and the APF retention r ∈ [0.9, 1] float32) and float64 cotangents for (o, S, d),
-    fla-style value ranges."""
+def make_case(B, T, H, D, dtype, gate, N, device, eta, seed=0, apf=False):
+    """Inputs (in `dtype`; states, the APF retention r ∈ [0.9, 1] and η [H] (every head `eta`) float32) and float64
+    cotangents for (o, S, d), fla-style value ranges."""
     gen = torch.Generator(device="cpu").manual_seed(seed)
     rnd = lambda *s: torch.randn(*s, generator=gen)  # noqa: E731
     x = dict(q=rnd(B, T, H, D), k=F.normalize(rnd(B, T, H, D), dim=-1), v=rnd(B, T, H, D),
@@ -80,12 +81,16 @@ def make_case(B, T, H, D, dtype, gate, N, device, seed=0, apf=False):
     x["S0"] = rnd(N, H, D, D).to(device)
     x["d0"] = (0.8 + 0.4 * torch.rand(N, H, D, generator=gen)).to(device)
     x["r"] = (0.9 + 0.1 * torch.rand(B, T, H, generator=gen)).to(device) if apf else None
+    x["eta"] = torch.full((H,), float(eta), dtype=torch.float32, device=device)
     cot = [rnd(B, T, H, D), rnd(N, H, D, D), rnd(N, H, D)]
     return x, [c.to(device, torch.float64) for c in cot]
 
 
 def forward(op, x, cu_seqlens, options):
-    """(o, S, d) of op on the inputs x."""
+    """(o, S, d) of op on the inputs x; η is x["eta"], a per-head tensor [H] (so that ∂η is a gradient like the
+    others), when x has one."""
+    if "eta" in x:
+        options = dict(options, eta=x["eta"])
     return op(x["q"], x["k"], x["v"], x["beta"], g=x["g"], r=x["r"], initial_state=(x["S0"], x["d0"]),
               output_final_state=True, cu_seqlens=cu_seqlens, **options)
 
@@ -133,7 +138,8 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
     N = B if cu is None else len(cu) - 1
     options = dict(options)
     apf = options.pop("apf", False)
-    x, cot = make_case(B, T, H, D, dtype, gate, N, device, apf=apf)
+    eta = options.pop("eta")
+    x, cot = make_case(B, T, H, D, dtype, gate, N, device, eta, apf=apf)
     state_bv = chain_launch("state_fwd", *block_dims(D, D), D, N * H, torch.device(device))[0]
     state_tier = chain_stage("state_bwd", *block_dims(D, D), D, N * H, torch.device(device))[len("state_bwd_"):] \
         or "standard"
@@ -153,7 +159,7 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
         err = rel_rmse(fast[name], expected)
         rows.append(dict(B=B, T=T, H=H, D=D, varlen=cu is not None, cu_seqlens=None if cu is None else list(cu),
                          dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none",
-                         clip="d_min" in options, eta=options["eta"], apf=apf, phase1=phase1, name=name,
+                         clip="d_min" in options, eta=eta, apf=apf, phase1=phase1, name=name,
                          kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold), state_bv=state_bv, state_tier=state_tier))
         if kind == "output":
             rows[-1]["same_without_grad"] = bool(torch.equal(without_grad[name], fast[name].detach()))
@@ -183,7 +189,8 @@ def timings(shape, device):
     import osdn_fast
     rows = []
     for gate in (False, True):
-        x, _ = make_case(B, T, H, D, torch.bfloat16, gate, B, device)
+        x, _ = make_case(B, T, H, D, torch.bfloat16, gate, B, device, OPTIONS["eta"])
+        del x["eta"]  # OPTIONS' η, a float
         for n in ("q", "k", "v", "beta"):
             x[n].requires_grad_()
         do = torch.randn_like(x["v"])
