@@ -184,9 +184,8 @@ def usage(compiled):
     return (int(found.group(1)), int(found.group(2))) if found else (-1, -1)
 
 
-def sass_fingerprint(compiled) -> dict:
-    """The instructions of a compiled kernel's SASS (cuobjdump -sass; addresses and encodings dropped): their number
-    and a sha256 of the sequence, so that two builds compare without keeping their listings."""
+def sass_instructions(compiled) -> list[str]:
+    """The instructions of a compiled kernel's SASS (cuobjdump -sass), addresses and encodings dropped."""
     import subprocess
     import tempfile
 
@@ -197,7 +196,13 @@ def sass_fingerprint(compiled) -> dict:
         f.write(compiled.asm["cubin"])
         f.flush()
         sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    ins = [" ".join(m.group(1).split()) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
+    return [" ".join(m.group(1).split()) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
+
+
+def sass_fingerprint(compiled) -> dict:
+    """A compiled kernel's SASS instructions: their number and a sha256 of the sequence, so that two builds compare
+    without keeping their listings."""
+    ins = sass_instructions(compiled)
     return dict(instructions=len(ins), sha256=hashlib.sha256("\n".join(ins).encode()).hexdigest())
 
 

@@ -13,26 +13,13 @@ import argparse
 import collections
 import os
 import re
-import subprocess
 import sys
-import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
-def sass(compiled) -> list[str]:
-    """The instructions of a compiled kernel (cuobjdump -sass), without addresses and encodings."""
-    import triton
-
-    tool = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
-        f.write(compiled.asm["cubin"])
-        f.flush()
-        out = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
-    return [" ".join(m.group(1).split()) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", out)]
-
-
 def opcode(instruction: str) -> str:
+    """The opcode of one SASS instruction, its predicate (@P0, @!UP1, ...) dropped."""
     return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0]
 
 
@@ -65,7 +52,7 @@ def main(argv=None) -> int:
                 compiled = triton.compile(triton.compiler.ASTSource(kernel, types, consts, attrs),
                                           target=GPUTarget("cuda", args.arch, 32),
                                           options=dict(num_warps=phase1._seq_warps(BK)))
-                builds[grads] = (sass(compiled), *compile_check.usage(compiled))
+                builds[grads] = (compile_check.sass_instructions(compiled), *compile_check.usage(compiled))
             (a, ra, sa), (b, rb, sb) = builds["fp32"], builds["bf16"]
             moved = collections.Counter(map(opcode, b))
             moved.subtract(collections.Counter(map(opcode, a)))
