@@ -3,7 +3,8 @@
 The suite of 2026-12-03 (NOTES, "After 2026-12-03 (3)") found the scan without r slower and the scan with r faster
 when those two inputs are 16-bit. This compiles the four builds it ran at (8, 2048, 16, 128), r or not and the clip
 or not (β-aware, normalised, no ∂d_T, dense), both ways, with the installed Triton's ptxas (no GPU needed), and
-prints each build's SASS instruction count, its opcodes that changed, its registers and stack per thread:
+prints each build's SASS instruction count, that of its token loop (four tokens per trip), its opcodes that
+changed, its registers and stack per thread:
 
     python benchmarks/scan_sass.py --dim 128            # with the GPU image's triton (3.6); not under TRITON_INTERPRET
 """
@@ -21,6 +22,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 def opcode(instruction: str) -> str:
     """The opcode of one SASS instruction, its predicate (@P0, @!UP1, ...) dropped."""
     return re.sub(r"^@!?U?P\w+\s+", "", instruction).split()[0]
+
+
+def loop_body(instructions: list[str]) -> list[str]:
+    """The instructions of the longest loop: from the target of a backward branch to the branch (sm_90 instructions
+    are 16 bytes each and cuobjdump lists them in order from address 0)."""
+    spans = [(int(m.group(1), 16) // 16, i) for i, ins in enumerate(instructions)
+             for m in [re.search(r"BRA 0x([0-9a-f]+)", ins)] if m and int(m.group(1), 16) // 16 < i]
+    first, last = max(spans, key=lambda span: span[1] - span[0])
+    return instructions[first:last + 1]
 
 
 def main(argv=None) -> int:
@@ -57,8 +67,9 @@ def main(argv=None) -> int:
             moved = collections.Counter(map(opcode, b))
             moved.subtract(collections.Counter(map(opcode, a)))
             top = ", ".join(f"{op} {n:+d}" for op, n in sorted(moved.items(), key=lambda x: -abs(x[1]))[:6] if n)
-            print(f"r={has_r!s:5} clip={clip!s:5} instructions {len(a)} -> {len(b)} ({len(b) - len(a):+d}), registers "
-                  f"{ra} -> {rb}, stack {sa} -> {sb} B; opcodes: {top}")
+            la, lb = len(loop_body(a)), len(loop_body(b))
+            print(f"r={has_r!s:5} clip={clip!s:5} instructions {len(a)} -> {len(b)} ({len(b) - len(a):+d}), in the token "
+                  f"loop {la} -> {lb} ({lb - la:+d}), registers {ra} -> {rb}, stack {sa} -> {sb} B; opcodes: {top}")
     return 0
 
 
