@@ -111,8 +111,8 @@ def stage_calls(x, B, T, H, D):
         "output_bwd_local": lambda: output.output_bwd_local(q, kt, None, do, scale, cu, ci, 64, BK, BV),
         "state_bwd": lambda: state.state_bwd(q, kt, w, None, do, du_local, None, scale, cu, co, NT, 64, BK, BV),
         "output_bwd": lambda: output.output_bwd(q, kt, None, h, dh, ubar, du, do, scale, cu, ci, 64, BK, BV),
-        # wy_bwd sums ∂k̃ into `dkt` in place: across timed calls its values grow, the work does not
-        "wy_bwd": lambda: wy.wy_bwd(k, kt, v, beta, None, Ainv, dw, du, dkt, None, cu, ci, 64, BK, BV),
+        # wy_bwd reads output_bwd's float32 part of ∂k̃ from `dkt` and writes the total to a new buffer
+        "wy_bwd": lambda: wy.wy_bwd(k, kt, v, beta, None, Ainv, dw, du, dkt, None, cu, ci, 64, BK, BV, k.dtype),
         **phase1_calls(x, H),
     }
 

@@ -42,9 +42,9 @@ def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, 
     return o, S_final, Ainv
 
 
-def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, C, layout):
-    """(∂q, ∂v in their inputs' dtype; ∂k, ∂k̃, ∂β float32; ∂g in g's dtype or None; ∂S0 float32) from ∂o and
-    ∂S_final (either None)."""
+def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, C, layout, grad_dtype=None):
+    """(∂q, ∂v in their inputs' dtype; phase 2's parts of ∂k and ∂k̃ in `grad_dtype` (None: k's); ∂β float32; ∂g in
+    g's dtype or None; ∂S0 float32) from ∂o and ∂S_final (either None)."""
     if do is None:
         do = torch.zeros(*v.shape, dtype=q.dtype, device=q.device)
     do = do.contiguous()
@@ -62,7 +62,8 @@ def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, 
     del w, du_local
     dq, dkt, dw, dG = output_bwd(q, kt, G, h, dh, ubar, du, do, scale, cu_seqlens, chunk_indices, C, BK, BV)
     del h, ubar, dh
-    dk, dkt, dv, dbeta, dG = wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt, dG, cu_seqlens, chunk_indices, C, BK, BV)
+    dk, dkt, dv, dbeta, dG = wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt, dG, cu_seqlens, chunk_indices, C, BK, BV,
+                                    grad_dtype or k.dtype)
     dg = None if g is None else chunk_cumsum(dG, cu_seqlens, chunk_indices, C, reverse=True).to(g.dtype)
     return dq, dk, dkt, dv, dbeta, dg, dS0
 
@@ -204,6 +205,13 @@ def phase1_bwd_speculative_guarded(k, beta, r, d0, eta, dd_final, cu_seqlens, ph
     return dk, dbeta, dr, dd0, deta[None]
 
 
+def phase2_grad_dtype(form: str, dtype: torch.dtype, has_r: bool) -> torch.dtype:
+    """The dtype of phase 2's partial ∂k and total ∂k̃, which phase 1's backward `form` reads: k's where the chunk
+    form's kernels (half the traffic in 16 bits) or APF's scan read them, float32 for the scan without r and the
+    quasi-Newton form, whose builds ran slower on 16-bit inputs in the H200's suite (NOTES, after 2026-12-03 (3))."""
+    return dtype if form in ("chunked", "speculative") or (form == "sequential" and has_r) else torch.float32
+
+
 class ChunkOSDN(torch.autograd.Function):
     """The whole op: phase 1 (`phase1_fwd`, which also writes k̃ = d ⊙ k in k's dtype), then phase 2.
 
@@ -240,10 +248,11 @@ class ChunkOSDN(torch.autograd.Function):
         p1_kept = p1_inv, p1_stats, (x0, u)
         B, T = k.shape[:2]
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
-        dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
-                                                       pk(do), dS_final, ctx.scale, ctx.chunk_size, layout)
-        dd_final = None if dd_final is None else dd_final.float().contiguous()
         form = ctx.p1_form
+        dq, dk2, dkt, dv, dbeta2, dg, dS0 = phase2_bwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, Ainv,
+                                                       pk(do), dS_final, ctx.scale, ctx.chunk_size, layout,
+                                                       phase2_grad_dtype(form, k.dtype, r is not None))
+        dd_final = None if dd_final is None else dd_final.float().contiguous()
         if form == "newton":
             dk, dbeta, dr, dd0, deta = phase1_bwd_newton_guarded(k, beta, r, eta, d_all, dd_final, cu_seqlens,
                                                                  (dkt, dk2, dbeta2), ctx.p1)

@@ -973,7 +973,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
                      phase2_grads=None, inverse=None, group: int | None = None, stats: torch.Tensor | None = None,
                      entries: tuple | None = None):
     """Chunk-parallel backward (no clip): (dk, dbeta, dr, dd0, deta [B, T, H]) in float32 (dr None without r). With
-    `phase2_grads` = (∂k̃, ∂k, ∂β) of phase 2 (float32, k's and β's sizes; `gd_all` must be None), the fused form
+    `phase2_grads` = (∂k̃, ∂k, ∂β) of phase 2 (k's and β's sizes, any float dtype, summed in float32; `gd_all` must be None), the fused form
     of phase1.phase1_bwd_seq: the direct gradient of d is ∂k̃ ⊙ k, and ∂k, ∂β are the totals in k's and β's dtypes.
     `inverse`: the forward's P (chunk_inverses; blockwise solver), else formed again here. `group`: as in the
     forward, the reverse chain over groups of chunks. `stats`: the forward's per-token s_t and ‖k_t‖² (its

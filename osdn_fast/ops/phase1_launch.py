@@ -66,7 +66,7 @@ def launch_fwd(kernel, k, beta, r, d0, eta, *, d_min, d_max, beta_aware, normali
 def launch_bwd(kernel, k, beta, r, eta, d_all, gd_all, gd_final, *, d_min, d_max, beta_aware, normalize, cu_seqlens,
                phase2_grads, out=None, **launch):
     """(dk, dbeta, dr, dd0, deta [N, H]), float32 (dr None without r), new or `out`. With `phase2_grads` = (∂k̃, ∂k,
-    ∂β) of phase 2 (float32, k's and β's shapes), the fused form: ∂k and ∂β are the totals, in k's and β's dtypes."""
+    ∂β) of phase 2 (k's and β's shapes, any float dtype, summed in float32), the fused form: ∂k and ∂β are the totals, in k's and β's dtypes."""
     N, H, scalars, flags = _common(k, r, d_min, d_max, beta_aware, normalize, cu_seqlens)
     f32 = dict(dtype=torch.float32, device=k.device)
     fused = phase2_grads is not None

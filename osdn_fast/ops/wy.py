@@ -153,13 +153,16 @@ def wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV, Ain
     return Ainv, w, u
 
 
-def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_indices, chunk_size, BK, BV):
-    """(∂k, ∂k̃, ∂β, ∂G in float32: this stage's terms plus the carried-in ∂k̃ and ∂G, to be summed on; ∂v, final, in
-    v's dtype). ∂k̃ is summed in place into `dkt_in` (float32): each program reads its tile before writing it."""
+def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_indices, chunk_size, BK, BV,
+           out_dtype):
+    """(∂k and ∂k̃ in `out_dtype`: phase 2's partial ∂k and total ∂k̃, which phase 1's backward reads once each (in
+    k's dtype, 16-bit inputs halve that traffic, as fla's partial ∂k); ∂β, ∂G in float32: this stage's terms plus
+    the carried-in ∂k̃ (`dkt_in`, float32) and ∂G, to be summed on; ∂v, final, in v's dtype). ∂k̃ is summed in
+    float32 and rounded once, into a new buffer."""
     _, T, H, K = k.shape
     V = v.shape[-1]
     f32 = dict(dtype=torch.float32, device=k.device)
-    dk, dkt = torch.empty(1, T, H, K, **f32), dkt_in
+    dk, dkt = (torch.empty(1, T, H, K, dtype=out_dtype, device=k.device) for _ in range(2))
     dv = torch.empty(1, T, H, V, dtype=v.dtype, device=v.device)
     dbeta = torch.empty(1, T, H, **f32)
     dg = torch.empty(1, T, H, **f32) if G is not None else None
