@@ -4,6 +4,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
@@ -19,3 +21,20 @@ def test_runs_the_four_builds_both_ways(tmp_path, monkeypatch):
         assert row["median_ms"] == {"fp32": None, "bf16": None} and row["bf16_minus_fp32_us"] is None
     assert data["meta"]["shape"] == [1, 8, 2, 16]
 
+
+
+def test_one_untimed_call_per_build_for_a_profiler(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    import scan_grads_dtype
+
+    assert scan_grads_dtype.main(["--out", str(tmp_path), "--shape", "1x8x2x16", "--rounds", "0", "--builds", "r1c0"]) == 0
+    (row,) = json.loads((tmp_path / "scan_grads_dtype.json").read_text())["rows"]
+    assert (row["r"], row["clip"], row["ms"], row["median_ms"]) == (True, False, {"fp32": [], "bf16": []},
+                                                                     {"fp32": None, "bf16": None})
+
+
+def test_refuses_an_unknown_build(tmp_path):
+    import scan_grads_dtype
+
+    with pytest.raises(SystemExit):
+        scan_grads_dtype.main(["--out", str(tmp_path), "--builds", "r2c0"])
