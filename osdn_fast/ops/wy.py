@@ -158,11 +158,13 @@ def wy_bwd(k, kt, v, beta, G, Ainv, dw, du, dkt_in, dg_in, cu_seqlens, chunk_ind
     """(∂k and ∂k̃ in `out_dtype`: phase 2's partial ∂k and total ∂k̃, which phase 1's backward reads once each (in
     k's dtype, 16-bit inputs halve that traffic, as fla's partial ∂k); ∂β, ∂G in float32: this stage's terms plus
     the carried-in ∂k̃ (`dkt_in`, float32) and ∂G, to be summed on; ∂v, final, in v's dtype). ∂k̃ is summed in
-    float32 and rounded once, into a new buffer."""
+    float32 registers and rounded once into a new buffer, or, in float32, written back into `dkt_in` (each program
+    reads its tile before writing it), so that no second float32 [T, H, K] is alive at the peak."""
     _, T, H, K = k.shape
     V = v.shape[-1]
     f32 = dict(dtype=torch.float32, device=k.device)
-    dk, dkt = (torch.empty(1, T, H, K, dtype=out_dtype, device=k.device) for _ in range(2))
+    dk = torch.empty(1, T, H, K, dtype=out_dtype, device=k.device)
+    dkt = dkt_in if out_dtype == torch.float32 else torch.empty(1, T, H, K, dtype=out_dtype, device=k.device)
     dv = torch.empty(1, T, H, V, dtype=v.dtype, device=v.device)
     dbeta = torch.empty(1, T, H, **f32)
     dg = torch.empty(1, T, H, **f32) if G is not None else None
