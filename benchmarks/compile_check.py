@@ -184,8 +184,8 @@ def usage(compiled):
     return (int(found.group(1)), int(found.group(2))) if found else (-1, -1)
 
 
-def sass_instructions(compiled) -> list[str]:
-    """The instructions of a compiled kernel's SASS (cuobjdump -sass), addresses and encodings dropped."""
+def sass_text(compiled) -> str:
+    """A compiled kernel's SASS as cuobjdump -sass prints it (the cuobjdump bundled with Triton)."""
     import subprocess
     import tempfile
 
@@ -195,7 +195,12 @@ def sass_instructions(compiled) -> list[str]:
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
-        sass = subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+        return subprocess.run([tool, "-sass", f.name], capture_output=True, text=True, check=True).stdout
+
+
+def sass_instructions(compiled) -> list[str]:
+    """The instructions of a compiled kernel's SASS (cuobjdump -sass), addresses and encodings dropped."""
+    sass = sass_text(compiled)
     return [" ".join(m.group(1).split()) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
 
 
