@@ -12,8 +12,8 @@ The builds are typed as `scan_grads_dtype.py` and the suite launch them (∂k an
 until version 35 they wrote float32 and read r in float32, builds the GPU never ran. With `--scoreboards` it also
 decodes each instruction's scheduling fields and lists, per build, the loop's *borrowed waits*: an instruction that
 waits on a scoreboard on which a global load it does not read is still counted, so that it waits for that load.
-Nsight Compute put 99% of the scan's long-scoreboard stalls on such waits (NOTES, "Version 35"), the worst on loads
-issued 12 and 17 instructions earlier:
+In the four builds Nsight Compute profiled (NOTES, "Version 35"), 73-97% of the long-scoreboard stall samples fall
+on such waits, the worst on loads issued 12 and 17 instructions earlier:
 
     python benchmarks/scan_sass.py --dim 128 --scoreboards
 """
