@@ -39,6 +39,9 @@
 #       alternating AB_ROUNDS times in one call; version 20; AB_TREES="base=.work/base alt=.work/alt" for more than one)
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
+#   STEPS="scan_ab ncu_scan" AB_TREES="lead=.work/lead" bash benchmarks/gpu_session.sh
+#       (a change to phase 1's reverse scan: the scan alone in both trees, alternating, then Nsight Compute's stall
+#       reasons per build in both; version 36)
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -88,6 +91,34 @@ if has ab; then  # the whole op with this tree's kernels and other trees' (AB_TR
             PYTHONPATH="/tmp/site:${tree#*=}" step "ab_${tree%%=*}$i" "${AB_S:-90}" \
                 python3 "${tree#*=}/benchmarks/profile_op.py" --out "$OUT/ab_${tree%%=*}$i" ${AB_ARGS:-}
         done
+    done
+fi
+if has scan_ab; then  # phase 1's reverse scan alone (scan_grads_dtype.py), this tree and AB_TREES in turn, AB_ROUNDS times:
+    # $OUT/scan_tree1/scan_grads_dtype.json, $OUT/scan_<name>1/..., ...; ~60 s a run warm
+    for i in $(seq "${AB_ROUNDS:-2}"); do
+        step "scan_tree$i" "${SCAN_S:-120}" python3 benchmarks/scan_grads_dtype.py --out "$OUT/scan_tree$i" ${SCAN_ARGS:-}
+        for tree in ${AB_TREES:-base=${AB_BASE:?set AB_BASE or AB_TREES}}; do
+            PYTHONPATH="/tmp/site:${tree#*=}" step "scan_${tree%%=*}$i" "${SCAN_S:-120}" \
+                python3 "${tree#*=}/benchmarks/scan_grads_dtype.py" --out "$OUT/scan_${tree%%=*}$i" ${SCAN_ARGS:-}
+        done
+    done
+fi
+if has ncu_scan; then  # Nsight Compute on one launch of each scan build and gradient dtype (NCU_BUILDS), this tree and
+    # AB_TREES, each cut to $OUT/ncu_scan_<name>.json by ncu_summary.py (the clocks left as found: --clock-control none)
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    builds=${NCU_BUILDS:-r0c0,r1c0}
+    labels=$(python3 -c "import sys; print(','.join(f'r{b[1]} {d}' for b in sys.argv[1].split(',') for d in ('fp32', 'bf16')))" "$builds")
+    for tree in "tree=$PWD" ${AB_TREES:-}; do
+        name=${tree%%=*} dir=${tree#*=}
+        PYTHONPATH="/tmp/site:$dir" step "ncu_$name" "${NCU_S:-150}" "$NCU" --clock-control none -k regex:phase1_bwd_seq \
+            --section WarpStateStats --section SchedulerStats --section SourceCounters --section InstructionStats \
+            --section LaunchStats --import-source yes -o "/tmp/ncu_$name" -f \
+            python3 "$dir/benchmarks/scan_grads_dtype.py" --out "/tmp/ncu_out_$name" --rounds 0 --builds "$builds"
+        "$NCU" -i "/tmp/ncu_$name.ncu-rep" --page details --print-details all > "/tmp/ncu_$name.txt" 2>&1
+        "$NCU" -i "/tmp/ncu_$name.ncu-rep" --page source --csv --print-source sass > "/tmp/ncu_$name.csv" 2>&1
+        step "ncu_summary_$name" 60 python3 benchmarks/ncu_summary.py scan --details "/tmp/ncu_$name.txt" \
+            --source "/tmp/ncu_$name.csv" --labels "$labels" --out "$OUT/ncu_scan_$name.json" \
+            --meta "{\"tree\": \"$name\", \"builds\": \"$builds\", \"date\": \"$(date -u +%FT%TZ)\"}"
     done
 fi
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}

@@ -92,6 +92,7 @@ def main(argv=None):
     meta = dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"), shape=[B, T, H, K],
                 device=torch.cuda.get_device_name() if device == "cuda" else "cpu (interpreter)",
                 torch=torch.__version__, triton=__import__("triton").__version__, eta=ETA, clip=CLIP,
+                kernels=os.path.dirname(sys.modules["osdn_fast"].__file__),
                 command="python benchmarks/scan_grads_dtype.py " + " ".join(argv if argv is not None else sys.argv[1:]))
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "scan_grads_dtype.json"), "w") as f:
