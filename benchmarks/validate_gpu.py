@@ -57,9 +57,10 @@ UNCLIPPED = dict(eta=0.5)  # the same without the clip (run in bfloat16)
 IDLE_CLIP = dict(eta=0.003, d_min=2 / 3, d_max=1.5)  # the authors' η: over these lengths d stays inside the clip
 APF_CLIP = dict(OPTIONS, apf=True)  # OSDN-APF with the clip: the floor binds (chunk_osdn's quasi-Newton form)
 APF_UNCLIPPED = dict(UNCLIPPED, apf=True)  # OSDN-APF without the clip: forced, the chunk form with r (version 27)
-# chunk_osdn's phase 1 is the sequential scan below a mean length of 4096 (all shapes above): the runs marked
-# "chunked" force the chunk form (chunk.PHASE1_CHUNKED_MIN_T = 1), unclipped and with the idle clip; "grouped" also
-# makes its chains walk groups of chunks (phase1_forced)
+# chunk_osdn picks phase 1's form by length and number of chains (chunk.phase1_form; since version 36 the chunk forms
+# at most shapes above, "auto"); the runs marked "sequential" force the scan, "chunked" the chunk form (and the
+# quasi-Newton form for APF with a floor) at any length, "grouped" also makes its chains walk groups of chunks
+# (phase1_forced). Each row records the form its run took before any redo (`form`)
 
 
 def kernel_digest() -> str:
@@ -118,9 +119,10 @@ def rel_rmse(a, e):
 
 @contextlib.contextmanager
 def phase1_forced(chunk_ops, phase1):
-    """chunk_osdn's choice of phase-1 form for one case: "auto" as shipped; "chunked" forces the chunk form at any
-    length; "grouped" also makes its chains walk groups of chunks (chunk.phase1_group) at any length and count."""
-    forced = dict(chunked=dict(PHASE1_CHUNKED_MIN_T=1),
+    """chunk_osdn's choice of phase-1 form for one case: "auto" as shipped; "sequential" forces the scan below
+    chunk.PHASE1_CHUNKED_MIN_T (every case here); "chunked" forces the chunk form at any length; "grouped" also makes
+    its chains walk groups of chunks (chunk.phase1_group) at any length and count."""
+    forced = dict(sequential=dict(PHASE1_FEW_CHAINS=0), chunked=dict(PHASE1_CHUNKED_MIN_T=1),
                   grouped=dict(PHASE1_CHUNKED_MIN_T=1, PHASE1_GROUP_MIN_CHUNKS=2, PHASE1_GROUP_MAX_CHAINS=1 << 30))
     saved = {name: getattr(chunk_ops, name) for name in forced.get(phase1, {})}
     try:
@@ -149,6 +151,7 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
         or "standard"
     cu_t = None if cu is None else torch.tensor(cu, dtype=torch.int32, device=device)
     with phase1_forced(chunk_ops, phase1):
+        form = chunk_ops.phase1_form(B * T / N, x["r"], options.get("d_min"), options.get("d_max"), chains=N * H)
         fast = run(osdn_fast.chunk_osdn, x, cot, cu_t, options)
         with torch.no_grad():  # a forward that no backward follows (phase 1 then skips d_all): the same results
             o, (S, d) = forward(osdn_fast.chunk_osdn, x, cu_t, options)
@@ -163,7 +166,7 @@ def validate(shape, dtype, gate, cu, device, options, phase1="auto"):
         err = rel_rmse(fast[name], expected)
         rows.append(dict(B=B, T=T, H=H, D=D, varlen=cu is not None, cu_seqlens=None if cu is None else list(cu),
                          dtype=str(dtype).replace("torch.", ""), gate="gdn" if gate else "none",
-                         clip="d_min" in options, eta=eta, apf=apf, phase1=phase1, name=name,
+                         clip="d_min" in options, eta=eta, apf=apf, phase1=phase1, form=form, name=name,
                          kind=kind, rel_rmse=err, threshold=threshold, ok=bool(err <= threshold), state_bv=state_bv, state_tier=state_tier))
         if kind == "output":
             rows[-1]["same_without_grad"] = bool(torch.equal(without_grad[name], fast[name].detach()))
@@ -273,11 +276,12 @@ def main(argv=None):
         result["resumed_from"] = dict(date=cut["date"], rows=len(cut["rows"]))
         done = {case_key(r["dtype"], r["gate"] == "gdn", r["clip"], r["eta"], r["apf"], r["phase1"],
                          (r["B"], r["T"], r["H"], r["D"]), r["cu_seqlens"]) for r in cut["rows"]}
-    runs = [(dtype, gate, OPTIONS, "auto") for dtype in (torch.bfloat16, torch.float16) for gate in (False, True)]
-    runs += [(torch.bfloat16, gate, UNCLIPPED, "auto") for gate in (False, True)]
+    runs = [(dtype, gate, OPTIONS, p1) for dtype, p1 in ((torch.bfloat16, "auto"), (torch.float16, "sequential"))
+            for gate in (False, True)]
+    runs += [(torch.bfloat16, gate, UNCLIPPED, "sequential") for gate in (False, True)]
     runs += [(torch.bfloat16, gate, UNCLIPPED, "chunked") for gate in (False, True)]
     runs += [(torch.bfloat16, False, IDLE_CLIP, "chunked"), (torch.float16, True, UNCLIPPED, "chunked")]
-    runs += [(torch.bfloat16, False, APF_CLIP, "auto"), (torch.bfloat16, True, APF_CLIP, "chunked")]
+    runs += [(torch.bfloat16, False, APF_CLIP, "sequential"), (torch.bfloat16, True, APF_CLIP, "chunked")]
     runs += [(torch.bfloat16, False, UNCLIPPED, "grouped")]
     runs += [(torch.bfloat16, False, APF_UNCLIPPED, "chunked"), (torch.bfloat16, True, APF_UNCLIPPED, "grouped")]
     for dtype, gate, options, phase1 in runs:

@@ -105,7 +105,8 @@ def test_matches_reference(p, chunk_size):
                   K=st.sampled_from([3, 16, 20]), V=st.sampled_from([2, 16])),
        chunk_size=st.sampled_from([16, 64]))
 def test_matches_reference_with_chunked_phase1(p, chunk_size):
-    """The same with phase 1 chunk-parallel (chunk.phase1_form's choice from T = 4096 on, forced here): exact
+    """The same with phase 1 chunk-parallel (chunk.phase1_form's choice from T = 4096 on, and from T = 256 with few
+    chains; forced here): exact
     where the clip stays idle, the sequential scan where it acts."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 1)
@@ -137,6 +138,46 @@ def test_phase1_group_rule():
     assert group(1, 16384, 16) == 16 and group(1, 4096, 16) == 16 and group(1, 8192, 8) == 16 and group(1, 2048, 16) == 8
     assert group(2, 8192, 16) is None and group(4, 4096, 16) is None and group(1, 1000, 16) is None
     assert group(1, 16384, 2, torch.arange(0, 16385, 2048)) == 8  # packed: 8 sequences, the mean length per sequence
+
+
+def test_phase1_form_rule():
+    """chunk_osdn's phase-1 form by mean length and number of (sequence, head) chains (version 36): the chunk forms
+    from T = 4096 on, and below it from T = 256 (unclipped or speculating on a clip) or T = 1024 (APF with a floor:
+    quasi-Newton) when at most 256 chains run; else the scan. Without `chains` the length rule alone (versions 5-35)."""
+    def form(T, chains, apf_floor=False):
+        return chunk_ops.phase1_form(T, True if apf_floor else None, 2 / 3 if apf_floor else None,
+                                     1.5 if apf_floor else None, chains=chains)
+
+    assert [form(2048, 8 * 16), form(2048, 16 * 16), form(2048, 17 * 16), form(1024, 32 * 16)] == \
+        ["chunked", "chunked", "sequential", "sequential"]
+    assert [form(4096, 4 * 16), form(4096, 64 * 16), form(255, 1), form(256, 1)] == \
+        ["chunked", "chunked", "sequential", "chunked"]
+    assert [form(512, 32, True), form(1024, 32, True), form(1024, 257, True), form(4096, 1024, True)] == \
+        ["sequential", "newton", "sequential", "newton"]
+    assert [chunk_ops.phase1_form(T, None, None, None) for T in (256, 2048, 4096)] == ["sequential"] * 2 + ["chunked"]
+    assert chunk_ops.phase1_form(2048, None, 2 / 3, 1.5, chains=64) == "chunked"  # the clip alone: speculate
+
+
+@pytest.mark.parametrize("B, T, H, cu, chains", [(4, 300, 2, None, 8), (1, 600, 3, [0, 100, 600], 6)])
+def test_chunk_osdn_counts_chains_for_phase1_form(B, T, H, cu, chains, monkeypatch):
+    """phase1_fwd passes phase1_form the mean length per sequence and N·H chains (N = the packed sequences)."""
+    seen = []
+    form = chunk_ops.phase1_form
+    monkeypatch.setattr(chunk_ops, "phase1_form", lambda *a, **kw: seen.append((a[0], kw["chains"])) or form(*a, **kw))
+    k = torch.nn.functional.normalize(torch.randn(B, T, H, 4), dim=-1).to(DEVICE)
+    beta = torch.rand(B, T, H, device=DEVICE)
+    cu_t = None if cu is None else torch.tensor(cu, device=DEVICE, dtype=torch.int32)
+    p1 = dict(d_min=None, d_max=None, beta_aware=True, normalize=True)
+    used = chunk_ops.phase1_fwd(k, beta, None, None, torch.full((H,), 0.01, device=DEVICE), cu_t, p1)[0]
+    N = B if cu is None else len(cu) - 1
+    assert seen == [(B * T / N, chains)] and used == form(B * T / N, None, None, None, chains=chains)
+
+
+def force_phase1(monkeypatch, form):
+    """Make chunk_osdn take the scan ("sequential") or a chunk form (any other) at any length and chain count."""
+    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 10**9 if form == "sequential" else 1)
+    if form == "sequential":
+        monkeypatch.setattr(chunk_ops, "PHASE1_FEW_CHAINS", 0)
 
 
 @pytest.mark.parametrize("eta, r, form, acted", [(0.01, False, "speculative", False), (2.0, False, "speculative", True),
@@ -245,7 +286,7 @@ def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     """When no input needs a gradient, phase 1 does not write d_all (only the backward reads it), in every form,
     the speculation's redo included; the op's results are bitwise those of a call that keeps it for a backward
     (the chunk form never writes it: it keeps its chain's entries, version 29)."""
-    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 10**9 if form == "sequential" else 1)
+    force_phase1(monkeypatch, form)
     _, (q, k, v, beta) = make_tensors(6, 2, 150, 2, 8, 8, torch.float32)
     q, k, v, beta = (x.to(DEVICE) for x in (q, k, v, beta))
     rr = torch.full(beta.shape, 0.95, device=DEVICE, dtype=torch.bfloat16) if r else None  # as the suite passes r
@@ -520,7 +561,7 @@ def test_phase2_gradients_for_phase1_in_the_dtype_its_form_reads(r, clip, form, 
     reads them (∂k̃ into a new buffer), in float32 for the scan without r and the quasi-Newton form
     (chunk.phase2_grad_dtype; ∂k̃ summed in place, as version 30 did); the op's gradients stay close to the float64
     reference in every form."""
-    monkeypatch.setattr(chunk_ops, "PHASE1_CHUNKED_MIN_T", 10**9 if form == "sequential" else 1)
+    force_phase1(monkeypatch, form)
     written = []
     wy_bwd = chunk_ops.wy_bwd
 

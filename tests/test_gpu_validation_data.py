@@ -69,11 +69,12 @@ def test_coverage():
 
 
 def test_apf_coverage():
-    """OSDN-APF with the clip (the floor binds): with the scan chunk_osdn picks at these shapes, and with the
-    quasi-Newton form across chunks forced (phase1 "chunked"); and without the clip, the chunk form with r forced,
-    its chains walked chunk by chunk and in groups (since version 27); every gradient r's included."""
+    """OSDN-APF with the clip (the floor binds): with the scan forced (phase1 "sequential", since version 36; "auto"
+    before, when chunk_osdn picked it at these shapes), and with the quasi-Newton form across chunks forced (phase1
+    "chunked"); and without the clip, the chunk form with r forced, its chains walked chunk by chunk and in groups
+    (since version 27); every gradient r's included."""
     rows = [r for r in load()["rows"] if r.get("apf")]
-    for clip, gate, phase1 in ((True, "none", "auto"), (True, "gdn", "chunked"), (False, "none", "chunked"),
+    for clip, gate, phase1 in ((True, "none", "sequential"), (True, "gdn", "chunked"), (False, "none", "chunked"),
                                (False, "gdn", "grouped")):
         for varlen in (False, True):
             names = {r["name"] for r in rows
@@ -96,3 +97,17 @@ def test_grouped_chains_coverage():
     assert {case(r) for r in grouped} == {case(r) for r in rows}
     for c in {case(r) for r in grouped}:
         assert NAMES <= {r["name"] for r in grouped if case(r) == c}, c
+
+
+def test_every_phase1_form_validated():
+    """Each row records the phase-1 form its run took (before a redo; since version 36): the scan, the chunk form
+    (unclipped, and speculating on a clip, idle and acting), the quasi-Newton form, each forward and every gradient,
+    and the forced runs took the form they force."""
+    rows = load()["rows"]
+    forms = {(r["form"], r["clip"], r["eta"] > 0.1) for r in rows}
+    for form, clip, big_eta in (("sequential", True, True), ("sequential", False, True), ("chunked", False, True),
+                                ("chunked", True, False), ("chunked", True, True), ("newton", True, True)):
+        assert (form, clip, big_eta) in forms, (form, clip, big_eta)
+        assert NAMES <= {r["name"] for r in rows if (r["form"], r["clip"], r["eta"] > 0.1) == (form, clip, big_eta)}
+    assert all(r["form"] == "sequential" for r in rows if r["phase1"] == "sequential")
+    assert all(r["form"] in ("chunked", "newton") for r in rows if r["phase1"] in ("chunked", "grouped"))

@@ -91,6 +91,8 @@ class ChunkOSDNPhase2(torch.autograd.Function):
 
 
 PHASE1_CHUNKED_MIN_T = 4096  # mean sequence length from which phase 1 runs chunk-parallel (NOTES.md, version 5)
+PHASE1_FEW_CHAINS = 256  # ... and below it from PHASE1_FEW_CHAINS_MIN_T[form] when at most this many (sequence, head)
+PHASE1_FEW_CHAINS_MIN_T = dict(chunked=256, newton=1024)  # chains run: the scan then idles most SMs (version 36)
 # phase 1's own chunks (phase 2 keeps chunk_osdn's chunk_size): 32 since version 18 (NOTES.md); phase1_chunk.TUNED_TILES
 PHASE1_CHUNKED = dict(chunk_size=32, solver="blockwise", precision="tf32")
 PHASE1_GROUP_MIN_CHUNKS = 32  # the chunk form's chains walk groups of chunks from this many chunks per sequence (mean)
@@ -98,15 +100,19 @@ PHASE1_GROUP_MAX_CHAINS = 16  # ... when at most this many (sequence, head) chai
 PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=6)
 
 
-def phase1_form(T_mean: float, r, d_min, d_max) -> str:
+def phase1_form(T_mean: float, r, d_min, d_max, chains: int | None = None) -> str:
     """"chunked" (phase1_chunk.py, speculating that the clip stays idle), "newton" (phase1_newton.py, quasi-Newton
-    over chunks, for APF with a floor) or "sequential" (phase1.py). The chunk form measured faster from T = 4096 on
-    (H200, benchmarks/NOTES.md, version 5). With APF and a floor the retention decays d onto d_min within a few
-    hundred tokens, so the clip acts and the chunk form's speculation would fail; a held coordinate forgets its
+    over chunks, for APF with a floor) or "sequential" (phase1.py), for `chains` = N·H (sequence, head) chains of
+    mean length T_mean. The scan takes T dependent steps whatever the batch, one warp per chain, so with few chains
+    it leaves most SMs idle; the chunk forms' work grows with the number of chunks instead. On the H200 they measured
+    faster from T = 4096 on (version 5) and, with at most 256 chains, from T = 256 (chunked) and T = 1024 (newton;
+    version 36, benchmarks/NOTES.md). `chains=None` applies the length rule alone, as chunk_osdn did in versions 5
+    to 35 (book/08 classifies their timings with it). With APF and a floor the retention decays d onto d_min within
+    a few hundred tokens, so the clip acts and the chunk form's speculation would fail; a held coordinate forgets its
     start, which is what makes the diagonal quasi-Newton converge in few rounds there."""
-    if T_mean < PHASE1_CHUNKED_MIN_T:
-        return "sequential"
-    return "newton" if r is not None and d_min is not None else "chunked"
+    form = "newton" if r is not None and d_min is not None else "chunked"
+    few = chains is not None and chains <= PHASE1_FEW_CHAINS and T_mean >= PHASE1_FEW_CHAINS_MIN_T[form]
+    return form if T_mean >= PHASE1_CHUNKED_MIN_T or few else "sequential"
 
 
 def phase1_group(k, cu_seqlens) -> int | None:
@@ -134,7 +140,7 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     if the clip acted, its backward runs that scan again for d (phase1_bwd_speculative_guarded). So d_all is None in
     both chunk forms. Other forms, and no backward: kept is None."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
-    form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"])
+    form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"], chains=N * k.shape[2])
     if form == "sequential":  # r as stored: float32 r made the forward-only scan slower since version 14 (NOTES)
         return form, *phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, store_d=store_d,
                                      **p1), None, None

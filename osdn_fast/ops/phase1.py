@@ -15,8 +15,8 @@ adjoint λ_t = ∂L/∂d_t (p_t = ⟨λ̄_t, a_t⟩ with λ̄_t = λ_{t+1} maske
 
 `phase1_chunk` (no clip, WY form) and `phase1_parallel` (clip included, fixed point) compute the same scan
 chunk-parallel; `preconditioner_scan` runs them on request. chunk_osdn runs the sequential kernels here below a
-mean sequence length of 4096 and the unclipped chunk form above it, where the clip stays idle
-(`chunk.phase1_form`; H200 timings in benchmarks/NOTES.md).
+mean sequence length of 4096 when more than 256 (sequence, head) chains run, or below 256 tokens (1024 for APF
+with a floor), and the chunk forms otherwise (`chunk.phase1_form`; H200 timings in benchmarks/NOTES.md).
 """
 from __future__ import annotations
 
