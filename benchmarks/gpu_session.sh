@@ -7,8 +7,8 @@
 # (bench_phase1.py: the chunk form and the quasi-Newton forms), bench, profile (profile_phase2.py: kernels and launch
 # sweeps), sweep_phase1 (profile_phase2.py's sweeps of phase 1's chunk-form kernels, into $OUT/walked and
 # $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), ab
-# (profile_op.py with this tree's kernels and a base tree's, alternating), memory (memory_peak.py: what is alive at
-# the peak of one forward+backward).
+# (profile_op.py with this tree's kernels and a base tree's, alternating), overlap (overlap_probe.py), memory
+# (memory_peak.py: what is alive at the peak of one forward+backward).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
 #   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
@@ -39,6 +39,8 @@
 #       alternating AB_ROUNDS times in one call; version 20; AB_TREES="base=.work/base alt=.work/alt" for more than one)
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
+#   STEPS=overlap bash benchmarks/gpu_session.sh   # phase 1's out kernel beside its chains on a second stream, timing
+#       only (benchmarks/overlap_probe.py; after version 36)
 #   STEPS="scan_ab ncu_scan" AB_TREES="lead=.work/lead" bash benchmarks/gpu_session.sh
 #       (a change to phase 1's reverse scan: the scan alone in both trees, alternating, then Nsight Compute's stall
 #       reasons per build in both; version 36)
@@ -121,6 +123,7 @@ if has ncu_scan; then  # Nsight Compute on one launch of each scan build and gra
             --meta "{\"tree\": \"$name\", \"builds\": \"$builds\", \"date\": \"$(date -u +%FT%TZ)\"}"
     done
 fi
+has overlap && step overlap "${OVERLAP_S:-150}" python3 benchmarks/overlap_probe.py --out "$OUT" ${OVERLAP_ARGS:-}
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
 rm -f "$OUT/tuning.json" "$OUT"/*/tuning.json  # a sweep's picks are in its profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80
