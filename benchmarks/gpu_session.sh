@@ -8,7 +8,8 @@
 # sweeps), sweep_phase1 (profile_phase2.py's sweeps of phase 1's chunk-form kernels, into $OUT/walked and
 # $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), ab
 # (profile_op.py with this tree's kernels and a base tree's, alternating), overlap (overlap_probe.py), memory
-# (memory_peak.py: what is alive at the peak of one forward+backward).
+# (memory_peak.py: what is alive at the peak of one forward+backward), model (model_throughput.py: whole models with
+# OSDN mixers against the same models on fla's DeltaNet, training step and inference).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
 #   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
@@ -44,6 +45,8 @@
 #   STEPS="scan_ab ncu_scan" AB_TREES="lead=.work/lead" bash benchmarks/gpu_session.sh
 #       (a change to phase 1's reverse scan: the scan alone in both trees, alternating, then Nsight Compute's stall
 #       reasons per build in both; version 36)
+#   STEPS=model bash benchmarks/gpu_session.sh     # whole models at the paper's 340M and 1.3B shapes, ours beside fla's
+#       DeltaNet (benchmarks/model_throughput.py; ~5 min cold)
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -124,6 +127,7 @@ if has ncu_scan; then  # Nsight Compute on one launch of each scan build and gra
     done
 fi
 has overlap && step overlap "${OVERLAP_S:-150}" python3 benchmarks/overlap_probe.py --out "$OUT" ${OVERLAP_ARGS:-}
+has model && step model "${MODEL_S:-420}" python3 benchmarks/model_throughput.py --out "$OUT" ${MODEL_ARGS:-}
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
 rm -f "$OUT/tuning.json" "$OUT"/*/tuning.json  # a sweep's picks are in its profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80
