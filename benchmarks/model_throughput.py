@@ -14,7 +14,10 @@ head; 32000 tokens of vocabulary) in bfloat16, with the same shapes; only the mi
 
 Scales ("shaped like" fla's DeltaNet configurations, not their exact models): 340M = d_model 1024, 24 blocks, 8 heads
 of 128; 1.3B = d_model 2048, 24 blocks, 16 heads of 128. Each step runs B × T = 8 × 2048 tokens. Modes: `inference`
-(a forward under torch.no_grad) and `train` (forward, cross-entropy on shifted tokens, backward; no optimizer step).
+(a forward under torch.no_grad), `train` (forward, cross-entropy on shifted tokens, backward; no optimizer step) and
+`inference_graph` (the inference forward captured once in a CUDA graph and replayed: no host work between kernels, so
+that an op's launches no longer count; CUDA only, after the two eager modes; a variant that cannot be captured gets
+NaN and the reason in `note`).
 Each (scale, mode) warms every variant up, then times --rounds rounds; in each round every variant runs --steps steps
 between two CUDA events (the variants' order rotates from round to round); the row keeps the median of the rounds.
 Before timing, the two DeltaNet variants are compared on one input (`agreement`: relative RMSE of their outputs).
@@ -48,7 +51,7 @@ SCALES = {"340M": dict(d_model=1024, num_layers=24, num_heads=8),
 SMOKE_SCALE = {"tiny": dict(d_model=32, num_layers=2, num_heads=2)}
 VARIANTS = ("fla_delta_rule", "deltanet_phase2", "osdn", "osdn_apf", "identity_mixer")
 PRECONDITIONER = dict(fla_delta_rule="off", deltanet_phase2="off", osdn="osdn", osdn_apf="apf", identity_mixer="off")
-MODES = ("inference", "train")
+MODES = ("inference", "train", "inference_graph")
 
 
 class UniformPhase2(ChunkOSDNPhase2):
@@ -137,7 +140,7 @@ def build(variant, scale, vocab, device, dtype, seed=0):
 
 
 def step(model, tokens, mode):
-    if mode == "inference":
+    if mode in ("inference", "inference_graph"):
         with torch.no_grad():
             model(tokens)
         return
@@ -159,6 +162,26 @@ def agreement(scale, device, dtype, B, T):
     return ((a - b).pow(2).mean() / a.pow(2).mean()).sqrt().item()
 
 
+def captured(model, tokens, variant):
+    """(a CUDA graph of the variant's inference forward, None), or (None, why) when it cannot be captured. Warmed up
+    on a side stream first, as torch.cuda.graph asks, so that nothing compiles or autotunes during the capture."""
+    try:
+        with mixer_op(variant), torch.no_grad():
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model(tokens)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(tokens)
+        torch.cuda.synchronize()
+        return graph, None
+    except Exception as err:  # noqa: BLE001 -- recorded in the row; the other variants go on
+        torch.cuda.synchronize()
+        return None, f"not captured: {type(err).__name__}: {str(err)[:200]}"
+
+
 def time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps, warmup, log):
     """Rows of one scale: per mode and variant, the median over rounds of ms per step, tokens/s and peak MiB."""
     models = {v: build(v, scale, vocab, device, dtype) for v in variants}
@@ -166,8 +189,8 @@ def time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps,
     tokens = torch.randint(0, vocab, (B, T + 1), device=device)
     cuda = device == "cuda"
     rows = []
-    for mode in MODES:
-        batch = tokens[:, :T] if mode == "inference" else tokens
+    for mode in MODES if cuda else MODES[:2]:
+        batch = tokens[:, :T] if mode != "train" else tokens
         peak = {}
         for v in variants:
             with mixer_op(v):
@@ -181,6 +204,11 @@ def time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps,
                     torch.cuda.synchronize()
                     peak[v] = (torch.cuda.max_memory_allocated() - resident) / 2**20
             log(f"{name} {mode} {v}: warm")
+        graphs, notes = {}, {}
+        if mode == "inference_graph":
+            for v in variants:
+                graphs[v], notes[v] = captured(models[v], batch, v)
+                log(f"{name} {mode} {v}: " + (notes[v] or "captured"))
         times = {v: [] for v in variants}
         for rnd in range(rounds):
             order = variants[rnd % len(variants):] + variants[:rnd % len(variants)]
@@ -190,10 +218,13 @@ def time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps,
                         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                         start.record()
                         for _ in range(steps):
-                            step(models[v], batch, mode)
+                            if mode != "inference_graph":
+                                step(models[v], batch, mode)
+                            elif graphs[v] is not None:
+                                graphs[v].replay()
                         end.record()
                         end.synchronize()
-                        times[v].append(start.elapsed_time(end) / steps)
+                        times[v].append(float("nan") if graphs.get(v, 1) is None else start.elapsed_time(end) / steps)
                     else:
                         t0 = dt.datetime.now()
                         for _ in range(steps):
@@ -203,7 +234,8 @@ def time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps,
         for v in variants:
             ms = statistics.median(times[v])
             rows.append(dict(scale=name, variant=v, mode=mode, ms=ms, rounds_ms=times[v], tokens_per_s=B * T / ms * 1e3,
-                             peak_mib=peak.get(v, float("nan")), params=params[v], B=B, T=T, **scale))
+                             peak_mib=peak.get(v, float("nan")), params=params[v], B=B, T=T, note=notes.get(v), **scale))
+        del graphs
     del models
     if cuda:
         torch.cuda.empty_cache()
