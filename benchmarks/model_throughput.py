@@ -22,6 +22,9 @@ Each (scale, mode) warms every variant up, then times --rounds rounds; in each r
 between two CUDA events (the variants' order rotates from round to round); the row keeps the median of the rounds.
 Before timing, the two DeltaNet variants are compared on one input (`agreement`: relative RMSE of their outputs).
 `peak_mib` is the peak of a warm-up step above what was allocated before it (all the variants' weights stay resident).
+--variants and --modes take subsets (op_ms needs identity_mixer). The layer's short convolutions return contiguous
+[B, T, C] since 2026-12-05; --channel-major-conv restores their earlier output, K at a stride of T (calls 1 to 3), so
+that one call can time the layout change itself.
 
     python benchmarks/model_throughput.py --out $OUT      # on the GPU (fla carried: .whl/), ~3 min warm
     TRITON_INTERPRET=1 python benchmarks/model_throughput.py --smoke --out /tmp/mt   # a tiny model on the CPU
@@ -87,12 +90,14 @@ def deltanet_phase2(q, k, v, beta, *, eta, g=None, r=None, initial_state=None, c
 
 class Passthrough(torch.autograd.Function):
     """o = v, with zero gradients for q, k and β: their branches of the layer still run their backward, as they do
-    under a real op, so that identity_mixer's training step differs from the others by the op alone."""
+    under a real op, so that identity_mixer's training step differs from the others by the op alone. o is contiguous,
+    as every op's output is: a strided v (--channel-major-conv) would otherwise reach the output norm, whose forward
+    and backward then reduce over a stride of T."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta):
         ctx.shapes = [(x.shape, x.dtype, x.device) for x in (q, k, beta)]
-        return v.view_as(v)
+        return v.contiguous().view_as(v)
 
     @staticmethod
     def backward(ctx, do):
@@ -128,6 +133,13 @@ def mixer_op(variant):
         yield
     finally:
         layer_module.chunk_op = chosen
+
+
+def channel_major_conv(self, x):
+    """ShortConv.forward before 2026-12-05: conv1d's [B, C, T] output transposed back, not copied, so the heads split
+    from it have K at a stride of T (what calls 1 to 3 timed)."""
+    T = x.shape[1]
+    return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
 
 
 def build(variant, scale, vocab, device, dtype, seed=0):
@@ -182,14 +194,14 @@ def captured(model, tokens, variant):
         return None, f"not captured: {type(err).__name__}: {str(err)[:200]}"
 
 
-def time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps, warmup, log):
+def time_scale(name, scale, vocab, variants, modes, device, dtype, B, T, rounds, steps, warmup, log):
     """Rows of one scale: per mode and variant, the median over rounds of ms per step, tokens/s and peak MiB."""
     models = {v: build(v, scale, vocab, device, dtype) for v in variants}
     params = {v: sum(p.numel() for p in m.parameters()) for v, m in models.items()}
     tokens = torch.randint(0, vocab, (B, T + 1), device=device)
     cuda = device == "cuda"
     rows = []
-    for mode in MODES if cuda else MODES[:2]:
+    for mode in [m for m in modes if cuda or m != "inference_graph"]:
         batch = tokens[:, :T] if mode != "train" else tokens
         peak = {}
         for v in variants:
@@ -243,10 +255,12 @@ def time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps,
 
 
 def with_op_share(rows):
-    """Each row gains op_ms: its median less identity_mixer's at the same scale and mode (None for that one)."""
+    """Each row gains op_ms: its median less identity_mixer's at the same scale and mode (None for that one, and for
+    every row when identity_mixer was not run)."""
     rest = {(r["scale"], r["mode"]): r["ms"] for r in rows if r["variant"] == "identity_mixer"}
     for r in rows:
-        r["op_ms"] = None if r["variant"] == "identity_mixer" else r["ms"] - rest[(r["scale"], r["mode"])]
+        base = rest.get((r["scale"], r["mode"]))
+        r["op_ms"] = None if r["variant"] == "identity_mixer" or base is None else r["ms"] - base
     return rows
 
 
@@ -257,7 +271,8 @@ def summarise(rows):
     for r in rows:
         b = base.get((r["scale"], r["mode"]))
         if b is not None and r["variant"] != "identity_mixer":
-            out[f"{r['scale']}/{r['mode']}/{r['variant']}"] = dict(model=r["ms"] / b["ms"], op=r["op_ms"] / b["op_ms"])
+            op = None if r["op_ms"] is None else r["op_ms"] / b["op_ms"]
+            out[f"{r['scale']}/{r['mode']}/{r['variant']}"] = dict(model=r["ms"] / b["ms"], op=op)
     return out
 
 
@@ -271,7 +286,17 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
+    ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {list(MODES)} (graphs: CUDA only)")
+    ap.add_argument("--channel-major-conv", action="store_true",
+                    help="the layer's short convolutions as before 2026-12-05 (q, k, v with K at a stride of T)")
     args = ap.parse_args(argv)
+    for flag, given, known in (("--variants", args.variants, VARIANTS), ("--modes", args.modes, MODES)):
+        unknown = set(given.split(",")) - set(known)
+        if unknown:
+            ap.error(f"{flag}: unknown {sorted(unknown)}")
+    if args.channel_major_conv:
+        layer_module.ShortConv.forward = channel_major_conv
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         scales, vocab, dtype, B, T, rounds, steps, warmup = SMOKE_SCALE, 64, torch.float32, 1, 48, 2, 1, 1
@@ -288,7 +313,8 @@ def main(argv=None):
         fla_version = fla.__version__ if device == "cuda" else None
     except ImportError:
         fla_version = None
-    variants = list(VARIANTS if fla_version else VARIANTS[1:])
+    variants = [v for v in VARIANTS if v in args.variants.split(",") and (fla_version or v != "fla_delta_rule")]
+    modes = [m for m in MODES if m in args.modes.split(",")]
     log = lambda msg: print(f"[{dt.datetime.now(dt.timezone.utc):%H:%M:%S}] {msg}", flush=True)  # noqa: E731
     if not fla_version:
         log("fla is not importable here (or no GPU): the fla_delta_rule baseline is skipped")
@@ -298,7 +324,8 @@ def main(argv=None):
                 command=" ".join([os.path.basename(sys.executable)] + sys.argv),
                 gpu=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
                 torch=torch.__version__, triton=triton.__version__, fla=fla_version, dtype=str(dtype),
-                vocab=vocab, variants=variants, rounds=rounds, steps=steps, warmup=warmup,
+                vocab=vocab, variants=variants, modes=modes, rounds=rounds, steps=steps, warmup=warmup,
+                conv_layout="channel-major (K at a stride of T)" if args.channel_major_conv else "contiguous",
                 timing="CUDA events around --steps steps per variant and round; median over rounds")
     os.makedirs(args.out, exist_ok=True)
     rows, agree = [], {}
@@ -306,12 +333,13 @@ def main(argv=None):
         if fla_version:
             agree[name] = agreement(scale, device, dtype, B, T)
             log(f"{name}: fla_delta_rule vs deltanet_phase2, relative RMSE {agree[name]:.2e}")
-        rows += with_op_share(time_scale(name, scale, vocab, variants, device, dtype, B, T, rounds, steps, warmup,
-                                         log))
+        rows += with_op_share(time_scale(name, scale, vocab, variants, modes, device, dtype, B, T, rounds, steps,
+                                         warmup, log))
         with open(os.path.join(args.out, "model_throughput.json"), "w") as f:
             json.dump(dict(meta=meta, agreement=agree, rows=rows, summary=summarise(rows)), f, indent=1)
     for key, ratio in summarise(rows).items():
-        log(f"{key}: model {ratio['model']:.3f}x, op {ratio['op']:.3f}x fla_delta_rule's")
+        op = "not taken (no identity_mixer)" if ratio["op"] is None else f"{ratio['op']:.3f}x"
+        log(f"{key}: model {ratio['model']:.3f}x, op {op} fla_delta_rule's")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,15 @@ def test_gates_follow_the_fla_recipe():
     torch.testing.assert_close(r, torch.full_like(r, torch.sigmoid(torch.tensor(6.9)).item()))  # APF init
 
 
+def test_gates_are_contiguous_heads():
+    """q, k, v come out [B, T, H, K] contiguous (fla's layout): the ops then copy nothing, and the L2 norm reduces
+    contiguous rows (before, K had a stride of T, from conv1d's transposed output)."""
+    layer = OSDNLayer(16, 2)
+    q, k, v, beta, _, _ = layer.gates(_x().float())
+    for name, t in (("q", q), ("k", k), ("v", v), ("beta", beta)):
+        assert t.is_contiguous(), (name, t.stride())
+
+
 @pytest.mark.parametrize("backbone", ["deltanet", "gdn"])
 @pytest.mark.parametrize("preconditioner", ["off", "osdn", "apf"])
 @pytest.mark.parametrize("beta_aware", [True, False])

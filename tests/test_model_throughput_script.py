@@ -57,6 +57,22 @@ def test_identity_mixer_passes_v_and_zero_gradients(mt):
     assert all(t.grad is not None and not t.grad.any() for t in (x[0], x[1], beta))
 
 
+def test_identity_mixer_output_is_contiguous_like_an_ops(mt):
+    v = torch.randn(1, 4, 2, 5).transpose(1, 3).contiguous().transpose(1, 3)  # K at a stride of T, as before
+    assert not v.is_contiguous()
+    x = torch.zeros(1, 5, 2, 4)
+    o, _ = mt.identity_mixer(x, x, v, x[..., 0], eta=0.0)
+    assert o.is_contiguous() and torch.equal(o, v)
+
+
+def test_channel_major_conv_is_the_old_layout_of_the_same_function(mt):
+    conv = mt.layer_module.ShortConv(6, 4)
+    x = torch.randn(2, 9, 6)
+    new, old = conv(x), mt.channel_major_conv(conv, x)
+    assert new.is_contiguous() and not old.is_contiguous() and old.stride()[2] == 9
+    torch.testing.assert_close(new, old, rtol=1e-6, atol=1e-7)  # SiLU's vectorised path rounds in its last bit
+
+
 def test_deltanet_phase2_refuses_a_preconditioned_call(mt):
     x = torch.zeros(1, 4, 1, 4)
     with pytest.raises(ValueError, match="eta"):
@@ -97,6 +113,21 @@ def test_smoke_run_times_every_variant_in_both_modes(tmp_path):
     assert p["osdn_apf"] - p["osdn"] == layers * (d * H + H)
 
 
+def test_subsets_of_variants_and_modes(tmp_path):
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    script = [sys.executable, str(ROOT / "benchmarks" / "model_throughput.py"), "--smoke", "--out", str(tmp_path)]
+    res = subprocess.run(script + ["--variants", "deltanet_phase2,osdn", "--modes", "train", "--channel-major-conv"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    result = json.loads((tmp_path / "model_throughput.json").read_text())
+    assert {(r["variant"], r["mode"]) for r in result["rows"]} == {("deltanet_phase2", "train"), ("osdn", "train")}
+    assert all(r["op_ms"] is None for r in result["rows"])  # no identity_mixer: no op share, not a wrong one
+    assert result["meta"]["conv_layout"].startswith("channel-major") and result["meta"]["modes"] == ["train"]
+    bad = subprocess.run(script + ["--variants", "osdn,nope"], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert bad.returncode == 2 and "--variants: unknown ['nope']" in bad.stderr
+
+
 def test_op_share_and_summary_divide_by_the_same_scale_and_mode(mt):
     rows = [dict(scale=s, mode=m, variant=v, ms=ms) for s, m, v, ms in (
         ("a", "train", "fla_delta_rule", 10.0), ("a", "train", "osdn", 12.0), ("a", "train", "identity_mixer", 6.0),
@@ -108,3 +139,24 @@ def test_op_share_and_summary_divide_by_the_same_scale_and_mode(mt):
     assert set(summary) == {"a/train/fla_delta_rule", "a/train/osdn", "a/inference/fla_delta_rule", "a/inference/osdn"}
     assert summary["a/train/osdn"] == dict(model=1.2, op=1.5)
     assert summary["a/inference/osdn"] == dict(model=1.125, op=1.5)
+
+
+def test_model_profile_smoke_and_its_op_tag(tmp_path):
+    spec = importlib.util.spec_from_file_location("model_profile", ROOT / "benchmarks" / "model_profile.py")
+    mp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mp)
+    names = {"phase1_chunk_prep_kernel", "chunk_fwd_kernel_o"}
+    assert mp.op_kernel("phase1_chunk_prep_kernel", names) and mp.op_kernel("chunk_fwd_kernel_o", names)
+    assert not mp.op_kernel("void at::native::vectorized_elementwise_kernel<4, FillFunctor>(int)", names)
+    import osdn_fast.ops.chunk  # noqa: F401 -- its kernels' modules are loaded
+
+    assert {"phase1_chunk_prep_kernel", "gram_kernel", "wy_bwd_kernel"} <= mp.triton_kernel_names()
+    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
+    res = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "model_profile.py"), "--smoke", "--out",
+                          str(tmp_path), "--variants", "identity_mixer,deltanet_phase2"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    result = json.loads((tmp_path / "model_profile.json").read_text())
+    assert set(result["variants"]) == {"identity_mixer", "deltanet_phase2"}
+    for r in result["variants"].values():
+        assert r["device_ms"] > 0 and r["kernels"] and r["kernels"][0]["ms"] >= r["kernels"][-1]["ms"]

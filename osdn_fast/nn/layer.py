@@ -29,7 +29,11 @@ KERNELS = ("auto", "ref", "fast")
 
 
 class ShortConv(nn.Module):
-    """Causal depthwise convolution over time followed by SiLU: y_t = SiLU(Σ_{i<w} c_i ⊙ x_{t−i}).  x [B, T, C]."""
+    """Causal depthwise convolution over time followed by SiLU: y_t = SiLU(Σ_{i<w} c_i ⊙ x_{t−i}).  x [B, T, C].
+
+    The result is contiguous [B, T, C], as fla's ShortConvolution returns it: heads split from it are [B, T, H, K]
+    with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. Conv1d's own
+    [B, C, T] output, transposed, would leave K with a stride of T (benchmarks/NOTES.md, "The layer's layout")."""
 
     def __init__(self, channels: int, width: int = 4):
         super().__init__()
@@ -37,7 +41,7 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         T = x.shape[1]
-        return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
+        return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2).contiguous())
 
 
 def chunk_op(device: torch.device, kernel: str):
