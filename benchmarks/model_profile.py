@@ -79,14 +79,13 @@ def main(argv=None):
     ap.add_argument("--mode", default="train", choices=["inference", "train"])
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--channel-major-conv", action="store_true", help="as model_throughput.py's")
+    ap.add_argument("--conv", default="layer", choices=list(mt.CONVS), help="as model_throughput.py's")
     args = ap.parse_args(argv)
     variants = args.variants.split(",")
     unknown = set(variants) - set(mt.VARIANTS)
     if unknown:
         ap.error(f"--variants: unknown {sorted(unknown)}")
-    if args.channel_major_conv:
-        mt.layer_module.ShortConv.forward = mt.channel_major_conv
+    mt.use_conv(args.conv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         scale_name, scale, vocab, dtype, B, T = "tiny", mt.SMOKE_SCALE["tiny"], 64, torch.float32, 1, 48
@@ -100,7 +99,7 @@ def main(argv=None):
     result = dict(meta=dict(date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                             gpu=torch.cuda.get_device_name() if device == "cuda" else "cpu", torch=torch.__version__,
                             scale=scale_name, mode=args.mode, B=B, T=T, dtype=str(dtype),
-                            conv_layout="channel-major" if args.channel_major_conv else "contiguous"),
+                            conv=args.conv),
                   variants={})
     os.makedirs(args.out, exist_ok=True)
     for v in variants:
@@ -110,7 +109,8 @@ def main(argv=None):
                 mt.step(model, batch, args.mode)
         result["variants"][v] = profile_variant(model, batch, v, args.mode, device, args.top)
         r = result["variants"][v]
-        print(f"{scale_name} {args.mode} {v}: kernels {r['device_ms']:.1f} ms, the op's {r['op_ms']:.1f} ms", flush=True)
+        print(f"{scale_name} {args.mode} {v}: kernels {r['device_ms']:.1f} ms, the op's {r['op_ms']:.1f} ms",
+              flush=True)
         for k in r["kernels"][:8]:
             print(f"    {k['ms']:8.2f} ms {k['calls']:5d}x {'op ' if k['op'] else '   '}{k['name'][:100]}", flush=True)
         del model

@@ -22,9 +22,10 @@ Each (scale, mode) warms every variant up, then times --rounds rounds; in each r
 between two CUDA events (the variants' order rotates from round to round); the row keeps the median of the rounds.
 Before timing, the two DeltaNet variants are compared on one input (`agreement`: relative RMSE of their outputs).
 `peak_mib` is the peak of a warm-up step above what was allocated before it (all the variants' weights stay resident).
---variants and --modes take subsets (op_ms needs identity_mixer). The layer's short convolutions return contiguous
-[B, T, C] since 2026-12-05; --channel-major-conv restores their earlier output, K at a stride of T (calls 1 to 3), so
-that one call can time the layout change itself.
+--variants and --modes take subsets (op_ms needs identity_mixer). Since 2026-12-05 the layer's short convolutions
+return contiguous [B, T, C], on CUDA from osdn_fast.ops.short_conv's Triton kernels; --conv torch times torch's conv1d
+with its output copied to that layout (call 4), --conv torch-channel-major the layer before (calls 1 to 3: K at a
+stride of T), so that one call can time the change itself.
 
     python benchmarks/model_throughput.py --out $OUT      # on the GPU (fla carried: .whl/), ~3 min warm
     TRITON_INTERPRET=1 python benchmarks/model_throughput.py --smoke --out /tmp/mt   # a tiny model on the CPU
@@ -91,8 +92,8 @@ def deltanet_phase2(q, k, v, beta, *, eta, g=None, r=None, initial_state=None, c
 class Passthrough(torch.autograd.Function):
     """o = v, with zero gradients for q, k and β: their branches of the layer still run their backward, as they do
     under a real op, so that identity_mixer's training step differs from the others by the op alone. o is contiguous,
-    as every op's output is: a strided v (--channel-major-conv) would otherwise reach the output norm, whose forward
-    and backward then reduce over a stride of T."""
+    as every op's output is: a strided v (--conv torch-channel-major) would otherwise reach the output norm, whose
+    forward and backward then reduce over a stride of T."""
 
     @staticmethod
     def forward(ctx, q, k, v, beta):
@@ -140,6 +141,21 @@ def channel_major_conv(self, x):
     from it have K at a stride of T (what calls 1 to 3 timed)."""
     T = x.shape[1]
     return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2))
+
+
+def torch_conv(self, x):
+    """ShortConv's torch path on every device: conv1d on [B, C, T], its output copied back to [B, T, C] (call 4)."""
+    T = x.shape[1]
+    return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2).contiguous())
+
+
+CONVS = {"layer": None, "torch": torch_conv, "torch-channel-major": channel_major_conv}  # --conv: ShortConv.forward
+
+
+def use_conv(name):
+    """Every ShortConv's forward becomes CONVS[name] (the layer's own for 'layer'), for the rest of the process."""
+    if CONVS[name] is not None:
+        layer_module.ShortConv.forward = CONVS[name]
 
 
 def build(variant, scale, vocab, device, dtype, seed=0):
@@ -288,15 +304,15 @@ def main(argv=None):
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {list(VARIANTS)}")
     ap.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {list(MODES)} (graphs: CUDA only)")
-    ap.add_argument("--channel-major-conv", action="store_true",
-                    help="the layer's short convolutions as before 2026-12-05 (q, k, v with K at a stride of T)")
+    ap.add_argument("--conv", default="layer", choices=list(CONVS),
+                    help="the layer's short convolutions: its own (Triton on CUDA), torch's conv1d with the output "
+                         "copied to [B, T, C], or as before 2026-12-05 (q, k, v with K at a stride of T)")
     args = ap.parse_args(argv)
     for flag, given, known in (("--variants", args.variants, VARIANTS), ("--modes", args.modes, MODES)):
         unknown = set(given.split(",")) - set(known)
         if unknown:
             ap.error(f"{flag}: unknown {sorted(unknown)}")
-    if args.channel_major_conv:
-        layer_module.ShortConv.forward = channel_major_conv
+    use_conv(args.conv)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.smoke:
         scales, vocab, dtype, B, T, rounds, steps, warmup = SMOKE_SCALE, 64, torch.float32, 1, 48, 2, 1, 1
@@ -325,7 +341,7 @@ def main(argv=None):
                 gpu=torch.cuda.get_device_name() if device == "cuda" else platform.processor() or "cpu",
                 torch=torch.__version__, triton=triton.__version__, fla=fla_version, dtype=str(dtype),
                 vocab=vocab, variants=variants, modes=modes, rounds=rounds, steps=steps, warmup=warmup,
-                conv_layout="channel-major (K at a stride of T)" if args.channel_major_conv else "contiguous",
+                conv=args.conv,
                 timing="CUDA events around --steps steps per variant and round; median over rounds")
     os.makedirs(args.out, exist_ok=True)
     rows, agree = [], {}

@@ -65,11 +65,13 @@ def test_identity_mixer_output_is_contiguous_like_an_ops(mt):
     assert o.is_contiguous() and torch.equal(o, v)
 
 
-def test_channel_major_conv_is_the_old_layout_of_the_same_function(mt):
-    conv = mt.layer_module.ShortConv(6, 4)
+def test_the_convs_are_one_function_in_two_layouts(mt):
+    conv = mt.layer_module.ShortConv(6, 4, kernel="fast")  # the Triton kernels (the interpreter without a GPU)
     x = torch.randn(2, 9, 6)
-    new, old = conv(x), mt.channel_major_conv(conv, x)
-    assert new.is_contiguous() and not old.is_contiguous() and old.stride()[2] == 9
+    new, old, torch_path = conv(x), mt.channel_major_conv(conv, x), mt.torch_conv(conv, x)
+    assert new.is_contiguous() and torch_path.is_contiguous()
+    assert not old.is_contiguous() and old.stride()[2] == 9
+    torch.testing.assert_close(new, torch_path, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(new, old, rtol=1e-6, atol=1e-7)  # SiLU's vectorised path rounds in its last bit
 
 
@@ -116,13 +118,14 @@ def test_smoke_run_times_every_variant_in_both_modes(tmp_path):
 def test_subsets_of_variants_and_modes(tmp_path):
     env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     script = [sys.executable, str(ROOT / "benchmarks" / "model_throughput.py"), "--smoke", "--out", str(tmp_path)]
-    res = subprocess.run(script + ["--variants", "deltanet_phase2,osdn", "--modes", "train", "--channel-major-conv"],
+    res = subprocess.run(script + ["--variants", "deltanet_phase2,osdn", "--modes", "train", "--conv",
+                                   "torch-channel-major"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     result = json.loads((tmp_path / "model_throughput.json").read_text())
     assert {(r["variant"], r["mode"]) for r in result["rows"]} == {("deltanet_phase2", "train"), ("osdn", "train")}
     assert all(r["op_ms"] is None for r in result["rows"])  # no identity_mixer: no op share, not a wrong one
-    assert result["meta"]["conv_layout"].startswith("channel-major") and result["meta"]["modes"] == ["train"]
+    assert result["meta"]["conv"] == "torch-channel-major" and result["meta"]["modes"] == ["train"]
     bad = subprocess.run(script + ["--variants", "osdn,nope"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=600)
     assert bad.returncode == 2 and "--variants: unknown ['nope']" in bad.stderr

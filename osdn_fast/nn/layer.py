@@ -32,14 +32,20 @@ class ShortConv(nn.Module):
     """Causal depthwise convolution over time followed by SiLU: y_t = SiLU(Σ_{i<w} c_i ⊙ x_{t−i}).  x [B, T, C].
 
     The result is contiguous [B, T, C], as fla's ShortConvolution returns it: heads split from it are [B, T, H, K]
-    with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. Conv1d's own
-    [B, C, T] output, transposed, would leave K with a stride of T (benchmarks/NOTES.md, "The layer's layout")."""
+    with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. `kernel` as
+    the layer's: 'fast' (or 'auto' on CUDA) runs osdn_fast.ops.short_conv's Triton kernels in that layout; the torch
+    path runs conv1d on [B, C, T] and copies back (benchmarks/NOTES.md, "The layer's layout")."""
 
-    def __init__(self, channels: int, width: int = 4):
+    def __init__(self, channels: int, width: int = 4, kernel: str = "auto"):
         super().__init__()
         self.conv = nn.Conv1d(channels, channels, width, groups=channels, padding=width - 1, bias=False)
+        self.kernel = kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "fast" or (self.kernel == "auto" and x.device.type == "cuda"):
+            from osdn_fast.ops.short_conv import short_conv
+
+            return short_conv(x, self.conv.weight)
         T = x.shape[1]
         return F.silu(self.conv(x.transpose(1, 2))[..., :T].transpose(1, 2).contiguous())
 
@@ -87,7 +93,7 @@ class OSDNLayer(nn.Module):
         self.beta_aware, self.d_min, self.d_max, self.chunk_size = beta_aware, d_min, d_max, chunk_size
 
         self.q_proj, self.k_proj, self.v_proj = (nn.Linear(d_model, H * K, bias=False) for _ in range(3))
-        self.q_conv, self.k_conv, self.v_conv = (ShortConv(H * K, conv_size) for _ in range(3))
+        self.q_conv, self.k_conv, self.v_conv = (ShortConv(H * K, conv_size, kernel) for _ in range(3))
         self.b_proj = nn.Linear(d_model, H, bias=False)
         if backbone == "gdn":  # fla's GDN initialisation: A ~ U(0, 16), dt ~ logU(1e-3, 0.1), dt_bias = softplus⁻¹(dt)
             self.a_proj = nn.Linear(d_model, H, bias=False)

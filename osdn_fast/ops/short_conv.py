@@ -1,0 +1,113 @@
+"""The layer's short convolution in Triton: causal, depthwise over time, then SiLU, in the layer's [B, T, C] layout.
+
+    z_t = Σ_{i<W} w_i ⊙ x_{t−W+1+i}    (x_s = 0 for s < 0)        y_t = SiLU(z_t) = z_t σ(z_t)
+
+Backward, with ∂z_t = ∂y_t ⊙ σ(z_t) (1 + z_t (1 − σ(z_t))) (z recomputed from x, never stored):
+
+    ∂x_s = Σ_i w_i ⊙ ∂z_{s+W−1−i}        ∂w_i = Σ_{b,t} ∂z_t ⊙ x_{t−W+1+i}
+
+torch's depthwise conv1d wants [B, C, T]: between the layer's projections and the op that costs a copy each way and a
+depthwise kernel at about a tenth of the copy bandwidth (benchmarks/NOTES.md, "The layer's layout"). Here one program
+takes a [BT, BC] tile of one sequence and reads its W − 1 earlier rows from the cache. ∂w is summed per tile in
+float32 and the tiles' partial sums are added by torch.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+BT, BC = 64, 128  # a program's tile: tokens × channels
+
+
+@triton.jit
+def _conv_tile(x, w, o_t, o_c, m_c, base, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """z [BT, BC] (float32) at rows o_t, channels o_c of the sequence that starts at element `base`."""
+    z = tl.zeros([BT, BC], dtype=tl.float32)
+    for i in tl.static_range(W):
+        src = o_t - (W - 1) + i
+        m = ((src >= 0) & (src < T))[:, None] & m_c[None, :]
+        xi = tl.load(x + base + src[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+        z += xi * tl.load(w + o_c * W + i, mask=m_c, other=0.0).to(tl.float32)[None, :]
+    return z
+
+
+@triton.jit
+def short_conv_fwd_kernel(x, w, y, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """y = SiLU(causal depthwise conv of x), one [BT, BC] tile of sequence program_id(2)."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t, o_c = i_t * BT + tl.arange(0, BT), i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    base = i_b.to(tl.int64) * T * C
+    z = _conv_tile(x, w, o_t, o_c, m_c, base, T, C, W, BT, BC)
+    m = (o_t < T)[:, None] & m_c[None, :]
+    tl.store(y + base + o_t[:, None] * C + o_c[None, :], (z * tl.sigmoid(z)).to(y.dtype.element_ty), mask=m)
+
+
+@triton.jit
+def _dz_tile(x, w, dy, o_t, o_c, m_c, base, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """∂z [BT, BC] at rows o_t (0 at rows ≥ T): ∂y ⊙ SiLU'(z), z recomputed."""
+    z = _conv_tile(x, w, o_t, o_c, m_c, base, T, C, W, BT, BC)
+    m = (o_t < T)[:, None] & m_c[None, :]
+    g = tl.load(dy + base + o_t[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    s = tl.sigmoid(z)
+    return g * s * (1.0 + z * (1.0 - s))
+
+
+@triton.jit
+def short_conv_bwd_kernel(x, w, dy, dx, dw_part, T, C, NT, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """∂x on one [BT, BC] tile (∂z at the W shifted row blocks it draws on), and this tile's share of ∂w into
+    dw_part [B·NT, C, W] (float32)."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_s, o_c = i_t * BT + tl.arange(0, BT), i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    base = i_b.to(tl.int64) * T * C
+    g = tl.zeros([BT, BC], dtype=tl.float32)
+    for j in tl.static_range(W):  # ∂z at rows s + j meets w_{W−1−j}
+        dz = _dz_tile(x, w, dy, o_s + j, o_c, m_c, base, T, C, W, BT, BC)
+        g += dz * tl.load(w + o_c * W + (W - 1 - j), mask=m_c, other=0.0).to(tl.float32)[None, :]
+        if j == 0:  # the tile's own rows: ∂w_i = Σ_t ∂z_t x_{t−W+1+i}
+            for i in tl.static_range(W):
+                src = o_s - (W - 1) + i
+                m = ((src >= 0) & (src < T))[:, None] & m_c[None, :]
+                xi = tl.load(x + base + src[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+                tl.store(dw_part + ((i_b * NT + i_t) * C + o_c) * W + i, tl.sum(dz * xi, axis=0), mask=m_c)
+    m = (o_s < T)[:, None] & m_c[None, :]
+    tl.store(dx + base + o_s[:, None] * C + o_c[None, :], g.to(dx.dtype.element_ty), mask=m)
+
+
+class ShortConvFunction(torch.autograd.Function):
+    """y = SiLU(causal depthwise conv(x; w)): x [B, T, C] contiguous, w [C, W] → y [B, T, C] in x's dtype."""
+
+    @staticmethod
+    def forward(ctx, x, w):
+        B, T, C = x.shape
+        y = torch.empty_like(x)
+        grid = (triton.cdiv(T, BT), triton.cdiv(C, BC), B)
+        short_conv_fwd_kernel[grid](x, w, y, T, C, W=w.shape[1], BT=BT, BC=BC, num_warps=4)
+        ctx.save_for_backward(x, w)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        x, w = ctx.saved_tensors
+        B, T, C = x.shape
+        NT = triton.cdiv(T, BT)
+        dx = torch.empty_like(x)
+        dw_part = torch.empty(B * NT, C, w.shape[1], dtype=torch.float32, device=x.device)
+        short_conv_bwd_kernel[(NT, triton.cdiv(C, BC), B)](x, w, dy.contiguous(), dx, dw_part, T, C, NT,
+                                                          W=w.shape[1], BT=BT, BC=BC, num_warps=4)
+        return dx, dw_part.sum(0).to(w.dtype)
+
+
+def short_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """SiLU(causal depthwise conv over time) of x [B, T, C] with nn.Conv1d's depthwise weight [C, 1, W] (or [C, W]),
+    the same function as ShortConv's torch path; y [B, T, C] contiguous, in x's dtype."""
+    if x.dim() != 3:
+        raise ValueError(f"x: expected [B, T, C], got shape {list(x.shape)}")
+    w = weight.reshape(weight.shape[0], -1)
+    if w.shape[0] != x.shape[2]:
+        raise ValueError(f"weight: expected [C, 1, W] with C = {x.shape[2]} (x's channels), got {list(weight.shape)}")
+    if w.device != x.device:
+        raise ValueError(f"weight is on {w.device}, x on {x.device}")
+    return ShortConvFunction.apply(x.contiguous(), w.contiguous())
