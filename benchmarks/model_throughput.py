@@ -23,9 +23,10 @@ between two CUDA events (the variants' order rotates from round to round); the r
 Before timing, the two DeltaNet variants are compared on one input (`agreement`: relative RMSE of their outputs).
 `peak_mib` is the peak of a warm-up step above what was allocated before it (all the variants' weights stay resident).
 --variants and --modes take subsets (op_ms needs identity_mixer). Since 2026-12-05 the layer's short convolutions
-return contiguous [B, T, C], on CUDA from osdn_fast.ops.short_conv's Triton kernels; --conv torch times torch's conv1d
-with its output copied to that layout (call 4), --conv torch-channel-major the layer before (calls 1 to 3: K at a
-stride of T), so that one call can time the change itself.
+return contiguous [B, T, C]; the models here are built with kernel='fast', so their convolutions run
+osdn_fast.ops.short_conv's Triton kernels (not yet timed on a GPU); --conv torch times torch's conv1d with its output
+copied to that layout (call 4), --conv torch-channel-major the layer before (calls 1 to 3: K at a stride of T), so
+that one call can time the change itself.
 
     python benchmarks/model_throughput.py --out $OUT      # on the GPU (fla carried: .whl/), ~3 min warm
     TRITON_INTERPRET=1 python benchmarks/model_throughput.py --smoke --out /tmp/mt   # a tiny model on the CPU

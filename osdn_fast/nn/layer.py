@@ -32,9 +32,10 @@ class ShortConv(nn.Module):
     """Causal depthwise convolution over time followed by SiLU: y_t = SiLU(Σ_{i<w} c_i ⊙ x_{t−i}).  x [B, T, C].
 
     The result is contiguous [B, T, C], as fla's ShortConvolution returns it: heads split from it are [B, T, H, K]
-    with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. `kernel` as
-    the layer's: 'fast' (or 'auto' on CUDA) runs osdn_fast.ops.short_conv's Triton kernels in that layout; the torch
-    path runs conv1d on [B, C, T] and copies back (benchmarks/NOTES.md, "The layer's layout")."""
+    with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. `kernel`
+    'fast' runs osdn_fast.ops.short_conv's Triton kernels in that layout; 'auto' and 'ref' run conv1d on [B, C, T]
+    and copy back, on every device, until the Triton kernels have been checked on a GPU (benchmarks/NOTES.md, "The
+    layer's layout")."""
 
     def __init__(self, channels: int, width: int = 4, kernel: str = "auto"):
         super().__init__()
@@ -42,7 +43,7 @@ class ShortConv(nn.Module):
         self.kernel = kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "fast" or (self.kernel == "auto" and x.device.type == "cuda"):
+        if self.kernel == "fast":
             from osdn_fast.ops.short_conv import short_conv
 
             return short_conv(x, self.conv.weight)
