@@ -24,7 +24,7 @@ Before timing, the two DeltaNet variants are compared on one input (`agreement`:
 `peak_mib` is the peak of a warm-up step above what was allocated before it (all the variants' weights stay resident).
 --variants and --modes take subsets (op_ms needs identity_mixer). Since 2026-12-05 the layer's short convolutions
 return contiguous [B, T, C]; the models here are built with kernel='fast', so their convolutions run
-osdn_fast.ops.short_conv's Triton kernels (not yet timed on a GPU); --conv torch times torch's conv1d with its output
+osdn_fast.nn.short_conv's Triton kernels (not yet timed on a GPU); --conv torch times torch's conv1d with its output
 copied to that layout (call 4), --conv torch-channel-major the layer before (calls 1 to 3: K at a stride of T), so
 that one call can time the change itself.
 

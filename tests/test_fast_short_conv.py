@@ -1,4 +1,4 @@
-"""osdn_fast.ops.short_conv (Triton; the CPU interpreter without a GPU) against the layer's torch path in float64:
+"""osdn_fast.nn.short_conv (Triton; the CPU interpreter without a GPU) against the layer's torch path in float64:
 y = SiLU(causal depthwise conv), ∂x and ∂w, at random batch, length (shorter than the filter included), channels
 (off the tile) and filter widths; 16-bit inputs against the float64 result; and its input checks."""
 import os
@@ -13,7 +13,7 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from osdn_fast.nn.layer import ShortConv  # noqa: E402
-from osdn_fast.ops.short_conv import BC, BT, short_conv  # noqa: E402
+from osdn_fast.nn.short_conv import BC, BT, short_conv  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

@@ -33,7 +33,7 @@ class ShortConv(nn.Module):
 
     The result is contiguous [B, T, C], as fla's ShortConvolution returns it: heads split from it are [B, T, H, K]
     with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. `kernel`
-    'fast' runs osdn_fast.ops.short_conv's Triton kernels in that layout; 'auto' and 'ref' run conv1d on [B, C, T]
+    'fast' runs osdn_fast.nn.short_conv's Triton kernels in that layout; 'auto' and 'ref' run conv1d on [B, C, T]
     and copy back, on every device, until the Triton kernels have been checked on a GPU (benchmarks/NOTES.md, "The
     layer's layout")."""
 
@@ -44,7 +44,7 @@ class ShortConv(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "fast":
-            from osdn_fast.ops.short_conv import short_conv
+            from osdn_fast.nn.short_conv import short_conv
 
             return short_conv(x, self.conv.weight)
         T = x.shape[1]
