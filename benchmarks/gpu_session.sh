@@ -47,6 +47,9 @@
 #       reasons per build in both; version 36)
 #   STEPS=model bash benchmarks/gpu_session.sh     # whole models at the paper's 340M and 1.3B shapes, ours beside fla's
 #       DeltaNet (benchmarks/model_throughput.py; ~5 min cold)
+#   STEPS="pytest model_convs" PYTEST_TESTS=tests/test_fast_short_conv.py PYTEST_K=conv MODEL_CONVS="layer torch" \
+#       MODEL_ARGS="--scales 340M --variants osdn,identity_mixer --modes train,inference" bash benchmarks/gpu_session.sh
+#       (the Triton short convolution: its CUDA tests, then the models with it and with torch's conv1d; 2026-12-06)
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -128,6 +131,13 @@ if has ncu_scan; then  # Nsight Compute on one launch of each scan build and gra
 fi
 has overlap && step overlap "${OVERLAP_S:-150}" python3 benchmarks/overlap_probe.py --out "$OUT" ${OVERLAP_ARGS:-}
 has model && step model "${MODEL_S:-420}" python3 benchmarks/model_throughput.py --out "$OUT" ${MODEL_ARGS:-}
+if has model_convs; then  # the layer's short convolution: model_throughput.py once per --conv of MODEL_CONVS, each in a
+    for conv in ${MODEL_CONVS:-layer torch}; do  # folder of its own (the first run compiles, the later ones reuse it)
+        mkdir -p "$OUT/model_$conv"
+        step "model_$conv" "${MODEL_S:-420}" python3 benchmarks/model_throughput.py --out "$OUT/model_$conv" --conv "$conv" \
+            ${MODEL_ARGS:-}
+    done
+fi
 has memory && step memory "${MEMORY_S:-150}" python3 benchmarks/memory_peak.py --out "$OUT" ${MEMORY_ARGS:-}
 rm -f "$OUT/tuning.json" "$OUT"/*/tuning.json  # a sweep's picks are in its profile_phase2.json; keep the file count down
 grep -v -i "warn" "$OUT/logs.txt" | tail -n 80
