@@ -47,9 +47,10 @@
 #       reasons per build in both; version 36)
 #   STEPS=model bash benchmarks/gpu_session.sh     # whole models at the paper's 340M and 1.3B shapes, ours beside fla's
 #       DeltaNet (benchmarks/model_throughput.py; ~5 min cold)
-#   STEPS="pytest model_convs" PYTEST_TESTS=tests/test_fast_short_conv.py PYTEST_K=conv MODEL_CONVS="layer torch" \
-#       MODEL_ARGS="--scales 340M --variants osdn,identity_mixer --modes train,inference" bash benchmarks/gpu_session.sh
-#       (the Triton short convolution: its CUDA tests, then the models with it and with torch's conv1d; 2026-12-06)
+#   STEPS="pytest short_conv model_convs" PYTEST_TESTS=tests/test_fast_short_conv.py PYTEST_K=conv \
+#       MODEL_CONVS="layer torch" MODEL_ARGS="--scales 340M --variants osdn,identity_mixer --modes train,inference" \
+#       bash benchmarks/gpu_session.sh   (the Triton short convolution: its CUDA tests, the convolution alone beside
+#       the layer's torch path, then the models with each; not yet run: no machine on 2026-12-06)
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -131,6 +132,7 @@ if has ncu_scan; then  # Nsight Compute on one launch of each scan build and gra
 fi
 has overlap && step overlap "${OVERLAP_S:-150}" python3 benchmarks/overlap_probe.py --out "$OUT" ${OVERLAP_ARGS:-}
 has model && step model "${MODEL_S:-420}" python3 benchmarks/model_throughput.py --out "$OUT" ${MODEL_ARGS:-}
+has short_conv && step short_conv "${SHORT_CONV_S:-90}" python3 benchmarks/bench_short_conv.py --out "$OUT"
 if has model_convs; then  # the layer's short convolution: model_throughput.py once per --conv of MODEL_CONVS, each in a
     for conv in ${MODEL_CONVS:-layer torch}; do  # folder of its own (the first run compiles, the later ones reuse it)
         mkdir -p "$OUT/model_$conv"
