@@ -24,6 +24,7 @@ import sys
 import torch
 
 from osdn_fast.nn.layer import ShortConv
+from osdn_ref.checks import rel_err
 
 SHAPES = ((8, 2048, 1024), (8, 2048, 2048), (1, 16384, 2048))  # (B, T, C): 340M's and 1.3B's q, k, v; one long one
 SMOKE_SHAPES = ((2, 70, 40),)
@@ -39,10 +40,6 @@ def convs(C, W, device, dtype):
     return dict(torch=ref, triton=fast)
 
 
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
-
-
 def agreement(mods, x, dy):
     """Relative RMSE of the Triton path's y, ∂x, ∂w against torch's, on one input."""
     out = {}
@@ -52,7 +49,7 @@ def agreement(mods, x, dy):
         y = mod(xi)
         y.backward(dy)
         out[impl] = (y, xi.grad, mod.conv.weight.grad)
-    return {name: rel(a, b) for name, a, b in zip(("y", "dx", "dw"), out["triton"], out["torch"])}
+    return {name: rel_err(a, b) for name, a, b in zip(("y", "dx", "dw"), out["triton"], out["torch"])}
 
 
 def call(mod, x, dy, mode):

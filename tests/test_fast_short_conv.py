@@ -14,12 +14,9 @@ from hypothesis import strategies as st  # noqa: E402
 
 from osdn_fast.nn.layer import ShortConv  # noqa: E402
 from osdn_fast.nn.short_conv import BC, BT, short_conv  # noqa: E402
+from osdn_ref.checks import rel_err  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def rel(a, b):
-    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
 
 
 def reference(x, weight, dy):
@@ -46,9 +43,9 @@ def test_matches_torch_conv(B, T, C, W, seed):
     y = short_conv(xs, ws)
     dx, dw = torch.autograd.grad(y, (xs, ws), dy.to(DEVICE))
     assert y.shape == (B, T, C) and y.is_contiguous() and dw.shape == weight.shape
-    assert rel(y.cpu(), y_ref) < 1e-5
-    assert rel(dx.cpu(), dx_ref) < 1e-5
-    assert rel(dw.cpu(), dw_ref) < 1e-5
+    assert rel_err(y.cpu(), y_ref) < 1e-5
+    assert rel_err(dx.cpu(), dx_ref) < 1e-5
+    assert rel_err(dw.cpu(), dw_ref) < 1e-5
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -63,7 +60,7 @@ def test_16_bit_inputs(dtype):
     assert y.dtype == dx.dtype == dw.dtype == dtype
     # fla's 16-bit tolerances (relative RMSE): 0.006 outputs, 0.008 gradients; the inputs are exact in both
     for got, want, tol in ((y, y_ref, 0.006), (dx, dx_ref, 0.008), (dw, dw_ref, 0.008)):
-        assert rel(got.cpu(), want) < tol
+        assert rel_err(got.cpu(), want) < tol
 
 
 def test_strided_input_is_taken_as_its_values():
@@ -72,7 +69,7 @@ def test_strided_input_is_taken_as_its_values():
     weight = torch.randn(9, 1, 4, generator=gen)
     y = short_conv(x.to(DEVICE), weight.to(DEVICE))
     y_ref, _, _ = reference(x.contiguous(), weight, torch.zeros(2, 7, 9))
-    assert rel(y.cpu(), y_ref) < 1e-5
+    assert rel_err(y.cpu(), y_ref) < 1e-5
 
 
 def test_bad_input_names_the_argument():
