@@ -1,6 +1,6 @@
 """osdn_fast.nn.short_conv (Triton; the CPU interpreter without a GPU) against the layer's torch path in float64:
 y = SiLU(causal depthwise conv), ∂x and ∂w, at random batch, length (shorter than the filter included), channels
-(off the tile) and filter widths; 16-bit inputs against the float64 result; and its input checks."""
+(off the tile), filter widths and launch tiles; 16-bit inputs against the float64 result; and its input checks."""
 import os
 
 import torch
@@ -13,10 +13,11 @@ from hypothesis import given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from osdn_fast.nn.layer import ShortConv  # noqa: E402
-from osdn_fast.nn.short_conv import BC, BT, short_conv  # noqa: E402
+from osdn_fast.nn.short_conv import TILES, short_conv  # noqa: E402
 from osdn_ref.checks import rel_err  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+BT, BC, _ = TILES
 
 
 def reference(x, weight, dy):
@@ -32,15 +33,15 @@ def reference(x, weight, dy):
 
 @settings(max_examples=12)
 @given(B=st.integers(1, 2), T=st.integers(1, BT + 9), C=st.integers(1, BC + 5), W=st.integers(2, 5),
-       seed=st.integers(0, 2**16))
-def test_matches_torch_conv(B, T, C, W, seed):
+       tiles=st.sampled_from([TILES, (16, 32, 1), (64, 128, 8)]), seed=st.integers(0, 2**16))
+def test_matches_torch_conv(B, T, C, W, tiles, seed):
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(B, T, C, generator=gen)
     weight = torch.randn(C, 1, W, generator=gen) / W**0.5
     dy = torch.randn(B, T, C, generator=gen)
     y_ref, dx_ref, dw_ref = reference(x, weight, dy)
     xs, ws = x.to(DEVICE).requires_grad_(), weight.to(DEVICE).requires_grad_()
-    y = short_conv(xs, ws)
+    y = short_conv(xs, ws, tiles)
     dx, dw = torch.autograd.grad(y, (xs, ws), dy.to(DEVICE))
     assert y.shape == (B, T, C) and y.is_contiguous() and dw.shape == weight.shape
     assert rel_err(y.cpu(), y_ref) < 1e-5
@@ -78,3 +79,6 @@ def test_bad_input_names_the_argument():
         short_conv(x[0], torch.zeros(6, 1, 4, device=DEVICE))
     with pytest.raises(ValueError, match="weight: expected"):
         short_conv(x, torch.zeros(5, 1, 4, device=DEVICE))
+    for tiles in ((32, 128), (32, 100, 4), (0, 128, 4), (32.0, 128, 4)):
+        with pytest.raises(ValueError, match="tiles: expected"):
+            short_conv(x, torch.zeros(6, 1, 4, device=DEVICE), tiles)

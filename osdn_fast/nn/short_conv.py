@@ -8,8 +8,10 @@ Backward, with ∂z_t = ∂y_t ⊙ σ(z_t) (1 + z_t (1 − σ(z_t))) (z recomput
 
 torch's depthwise conv1d wants [B, C, T]: between the layer's projections and the op that costs a copy each way and a
 depthwise kernel at about a tenth of the copy bandwidth (benchmarks/NOTES.md, "The layer's layout"). Here one program
-takes a [BT, BC] tile of one sequence and reads its W − 1 earlier rows from the cache. ∂w is summed per tile in
-float32 and the tiles' partial sums are added by torch.
+takes a [BT, BC] tile of one sequence and reads its W − 1 earlier rows from the cache. The backward runs in two
+kernels: the first writes ∂z (float32) and each tile's share of ∂w, the second gathers ∂x from W shifted rows of ∂z
+(one kernel that recomputed ∂z at every shift took 1.3 ms at [8, 2048, 2048] on an H100, more than torch's
+backward). The tiles' partial sums of ∂w are added by torch.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
-BT, BC = 64, 128  # a program's tile: tokens × channels
+TILES = (32, 128, 4)  # (BT, BC, warps): a program's tile of tokens × channels and its warps. [64, 128] with 4 warps
+# took 246 to 255 registers per thread (spilling in the backward; sm_90, Triton 3.9); [32, 128] takes 99 to 155
 
 
 @triton.jit
@@ -45,64 +48,76 @@ def short_conv_fwd_kernel(x, w, y, T, C, W: tl.constexpr, BT: tl.constexpr, BC: 
 
 
 @triton.jit
-def _dz_tile(x, w, dy, o_t, o_c, m_c, base, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """∂z [BT, BC] at rows o_t (0 at rows ≥ T): ∂y ⊙ SiLU'(z), z recomputed."""
-    z = _conv_tile(x, w, o_t, o_c, m_c, base, T, C, W, BT, BC)
+def short_conv_dz_kernel(x, w, dy, dz, dw_part, T, C, NT, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """∂z = ∂y ⊙ SiLU'(z) on one [BT, BC] tile (z recomputed), stored in float32, and the tile's share of ∂w into
+    dw_part [B·NT, C, W] (float32)."""
+    i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    o_t, o_c = i_t * BT + tl.arange(0, BT), i_c * BC + tl.arange(0, BC)
+    m_c = o_c < C
+    base = i_b.to(tl.int64) * T * C
     m = (o_t < T)[:, None] & m_c[None, :]
-    g = tl.load(dy + base + o_t[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    z = _conv_tile(x, w, o_t, o_c, m_c, base, T, C, W, BT, BC)
     s = tl.sigmoid(z)
-    return g * s * (1.0 + z * (1.0 - s))
+    dy_t = tl.load(dy + base + o_t[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
+    g = dy_t * s * (1.0 + z * (1.0 - s))
+    tl.store(dz + base + o_t[:, None] * C + o_c[None, :], g, mask=m)
+    for i in tl.static_range(W):  # ∂w_i = Σ_t ∂z_t x_{t−W+1+i}
+        src = o_t - (W - 1) + i
+        mi = ((src >= 0) & (src < T))[:, None] & m_c[None, :]
+        xi = tl.load(x + base + src[:, None] * C + o_c[None, :], mask=mi, other=0.0).to(tl.float32)
+        tl.store(dw_part + ((i_b * NT + i_t) * C + o_c) * W + i, tl.sum(g * xi, axis=0), mask=m_c)
 
 
 @triton.jit
-def short_conv_bwd_kernel(x, w, dy, dx, dw_part, T, C, NT, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
-    """∂x on one [BT, BC] tile (∂z at the W shifted row blocks it draws on), and this tile's share of ∂w into
-    dw_part [B·NT, C, W] (float32)."""
+def short_conv_dx_kernel(dz, w, dx, T, C, W: tl.constexpr, BT: tl.constexpr, BC: tl.constexpr):
+    """∂x_s = Σ_i w_i ⊙ ∂z_{s+W−1−i} on one [BT, BC] tile (∂z_t = 0 for t ≥ T)."""
     i_t, i_c, i_b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     o_s, o_c = i_t * BT + tl.arange(0, BT), i_c * BC + tl.arange(0, BC)
     m_c = o_c < C
     base = i_b.to(tl.int64) * T * C
     g = tl.zeros([BT, BC], dtype=tl.float32)
-    for j in tl.static_range(W):  # ∂z at rows s + j meets w_{W−1−j}
-        dz = _dz_tile(x, w, dy, o_s + j, o_c, m_c, base, T, C, W, BT, BC)
-        g += dz * tl.load(w + o_c * W + (W - 1 - j), mask=m_c, other=0.0).to(tl.float32)[None, :]
-        if j == 0:  # the tile's own rows: ∂w_i = Σ_t ∂z_t x_{t−W+1+i}
-            for i in tl.static_range(W):
-                src = o_s - (W - 1) + i
-                m = ((src >= 0) & (src < T))[:, None] & m_c[None, :]
-                xi = tl.load(x + base + src[:, None] * C + o_c[None, :], mask=m, other=0.0).to(tl.float32)
-                tl.store(dw_part + ((i_b * NT + i_t) * C + o_c) * W + i, tl.sum(dz * xi, axis=0), mask=m_c)
-    m = (o_s < T)[:, None] & m_c[None, :]
-    tl.store(dx + base + o_s[:, None] * C + o_c[None, :], g.to(dx.dtype.element_ty), mask=m)
+    for i in tl.static_range(W):
+        src = o_s + (W - 1 - i)
+        m = (src < T)[:, None] & m_c[None, :]
+        g += tl.load(dz + base + src[:, None] * C + o_c[None, :], mask=m, other=0.0) * \
+            tl.load(w + o_c * W + i, mask=m_c, other=0.0).to(tl.float32)[None, :]
+    tl.store(dx + base + o_s[:, None] * C + o_c[None, :], g.to(dx.dtype.element_ty),
+             mask=(o_s < T)[:, None] & m_c[None, :])
 
 
 class ShortConvFunction(torch.autograd.Function):
     """y = SiLU(causal depthwise conv(x; w)): x [B, T, C] contiguous, w [C, W] → y [B, T, C] in x's dtype."""
 
     @staticmethod
-    def forward(ctx, x, w):
+    def forward(ctx, x, w, tiles):
         B, T, C = x.shape
+        BT, BC, warps = tiles
         y = torch.empty_like(x)
         grid = (triton.cdiv(T, BT), triton.cdiv(C, BC), B)
-        short_conv_fwd_kernel[grid](x, w, y, T, C, W=w.shape[1], BT=BT, BC=BC, num_warps=4)
+        short_conv_fwd_kernel[grid](x, w, y, T, C, W=w.shape[1], BT=BT, BC=BC, num_warps=warps)
         ctx.save_for_backward(x, w)
+        ctx.tiles = tiles
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, w = ctx.saved_tensors
         B, T, C = x.shape
+        (BT, BC, warps), W = ctx.tiles, w.shape[1]
         NT = triton.cdiv(T, BT)
+        grid = (NT, triton.cdiv(C, BC), B)
+        dz = torch.empty(B, T, C, dtype=torch.float32, device=x.device)
+        dw_part = torch.empty(B * NT, C, W, dtype=torch.float32, device=x.device)
+        short_conv_dz_kernel[grid](x, w, dy.contiguous(), dz, dw_part, T, C, NT, W=W, BT=BT, BC=BC, num_warps=warps)
         dx = torch.empty_like(x)
-        dw_part = torch.empty(B * NT, C, w.shape[1], dtype=torch.float32, device=x.device)
-        short_conv_bwd_kernel[(NT, triton.cdiv(C, BC), B)](x, w, dy.contiguous(), dx, dw_part, T, C, NT,
-                                                          W=w.shape[1], BT=BT, BC=BC, num_warps=4)
-        return dx, dw_part.sum(0).to(w.dtype)
+        short_conv_dx_kernel[grid](dz, w, dx, T, C, W=W, BT=BT, BC=BC, num_warps=warps)
+        return dx, dw_part.sum(0).to(w.dtype), None
 
 
-def short_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def short_conv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int, int] = TILES) -> torch.Tensor:
     """SiLU(causal depthwise conv over time) of x [B, T, C] with nn.Conv1d's depthwise weight [C, 1, W] (or [C, W]),
-    the same function as ShortConv's torch path; y [B, T, C] contiguous, in x's dtype."""
+    the same function as ShortConv's torch path; y [B, T, C] contiguous, in x's dtype. `tiles` = (BT, BC, warps):
+    powers of two, the launch of every kernel (benchmarks/bench_short_conv.py --tiles compares them)."""
     if x.dim() != 3:
         raise ValueError(f"x: expected [B, T, C], got shape {list(x.shape)}")
     w = weight.reshape(weight.shape[0], -1)
@@ -110,4 +125,6 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"weight: expected [C, 1, W] with C = {x.shape[2]} (x's channels), got {list(weight.shape)}")
     if w.device != x.device:
         raise ValueError(f"weight is on {w.device}, x on {x.device}")
-    return ShortConvFunction.apply(x.contiguous(), w.contiguous())
+    if len(tiles) != 3 or any(not isinstance(n, int) or n < 1 or n & (n - 1) for n in tiles):
+        raise ValueError(f"tiles: expected (BT, BC, warps), powers of two, got {tiles}")
+    return ShortConvFunction.apply(x.contiguous(), w.contiguous(), tuple(tiles))
