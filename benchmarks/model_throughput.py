@@ -24,9 +24,9 @@ Before timing, the two DeltaNet variants are compared on one input (`agreement`:
 `peak_mib` is the peak of a warm-up step above what was allocated before it (all the variants' weights stay resident).
 --variants and --modes take subsets (op_ms needs identity_mixer). Since 2026-12-05 the layer's short convolutions
 return contiguous [B, T, C]; the models here are built with kernel='fast', so their convolutions run
-osdn_fast.nn.short_conv's Triton kernels (not yet timed on a GPU); --conv torch times torch's conv1d with its output
-copied to that layout (call 4), --conv torch-channel-major the layer before (calls 1 to 3: K at a stride of T), so
-that one call can time the change itself.
+osdn_fast.nn.short_conv's Triton kernels (what 'auto' runs on CUDA since 2026-12-06, calls 10 to 14); --conv torch
+times torch's conv1d with its output copied to that layout (call 4), --conv torch-channel-major the layer before
+(calls 1 to 3: K at a stride of T), so that one call can time the change itself.
 
     python benchmarks/model_throughput.py --out $OUT      # on the GPU (fla carried: .whl/), ~3 min warm
     TRITON_INTERPRET=1 python benchmarks/model_throughput.py --smoke --out /tmp/mt   # a tiny model on the CPU

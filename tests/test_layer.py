@@ -194,3 +194,16 @@ def test_fast_kernel_path_matches_ref_under_interpreter():
     done = subprocess.run([sys.executable, "-c", FAST_VS_REF], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("ok ") == 4
+
+
+@pytest.mark.parametrize("kernel, runs_triton", [("fast", True), ("ref", False), ("auto", torch.cuda.is_available())])
+def test_short_conv_kernel_choice(monkeypatch, kernel, runs_triton):
+    """ShortConv runs osdn_fast.nn.short_conv for 'fast', and for 'auto' on CUDA only; torch's conv1d otherwise."""
+    import osdn_fast.nn.short_conv as triton_conv
+    from osdn_fast.nn.layer import ShortConv
+
+    calls = []
+    monkeypatch.setattr(triton_conv, "short_conv", lambda x, w: calls.append(x.device) or torch.zeros_like(x))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    ShortConv(6, 4, kernel=kernel).to(device)(torch.randn(1, 5, 6, device=device))
+    assert bool(calls) == runs_triton

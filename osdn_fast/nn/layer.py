@@ -33,9 +33,9 @@ class ShortConv(nn.Module):
 
     The result is contiguous [B, T, C], as fla's ShortConvolution returns it: heads split from it are [B, T, H, K]
     with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. `kernel`
-    'fast' runs osdn_fast.nn.short_conv's Triton kernels in that layout; 'auto' and 'ref' run conv1d on [B, C, T]
-    and copy back, on every device, until the Triton kernels have been checked on a GPU (benchmarks/NOTES.md, "The
-    layer's layout")."""
+    'fast' (and 'auto' on CUDA) runs osdn_fast.nn.short_conv's Triton kernels in that layout; 'ref' (and 'auto'
+    elsewhere) runs conv1d on [B, C, T] and copies back, which on an H100 took 11-15× the Triton forward and 5.7× its
+    forward+backward (benchmarks/NOTES.md, "The Triton short convolution on a GPU")."""
 
     def __init__(self, channels: int, width: int = 4, kernel: str = "auto"):
         super().__init__()
@@ -43,7 +43,7 @@ class ShortConv(nn.Module):
         self.kernel = kernel
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernel == "fast":
+        if self.kernel == "fast" or (self.kernel == "auto" and x.device.type == "cuda"):
             from osdn_fast.nn.short_conv import short_conv
 
             return short_conv(x, self.conv.weight)
