@@ -50,7 +50,8 @@
 #   STEPS="pytest short_conv model_convs" PYTEST_TESTS=tests/test_fast_short_conv.py PYTEST_K=conv \
 #       MODEL_CONVS="layer torch" MODEL_ARGS="--scales 340M --variants osdn,identity_mixer --modes train,inference" \
 #       bash benchmarks/gpu_session.sh   (the Triton short convolution: its CUDA tests, the convolution alone beside
-#       the layer's torch path, then the models with each; not yet run: no machine on 2026-12-06)
+#       the layer's torch path, then the models with each; call 10 of the model log, 2026-12-06; calls 11 to 14 ran
+#       bench_short_conv.py --tiles and the models by hand, each step on one line of the log)
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
