@@ -79,6 +79,10 @@ def test_bad_input_names_the_argument():
         short_conv(x[0], torch.zeros(6, 1, 4, device=DEVICE))
     with pytest.raises(ValueError, match="weight: expected"):
         short_conv(x, torch.zeros(5, 1, 4, device=DEVICE))
+    with pytest.raises(ValueError, match="weight: expected"):
+        short_conv(x, torch.zeros(6, 2, 4, device=DEVICE))               # not depthwise
+    with pytest.raises(ValueError, match="floating-point"):
+        short_conv(x.int(), torch.zeros(6, 1, 4, device=DEVICE))
     for tiles in ((32, 128), (32, 100, 4), (0, 128, 4), (32.0, 128, 4)):
         with pytest.raises(ValueError, match="tiles: expected"):
             short_conv(x, torch.zeros(6, 1, 4, device=DEVICE), tiles)

@@ -34,8 +34,8 @@ class ShortConv(nn.Module):
     The result is contiguous [B, T, C], as fla's ShortConvolution returns it: heads split from it are [B, T, H, K]
     with K contiguous, so the L2 norms reduce contiguous rows and the ops take q, k, v without a copy. `kernel`
     'fast' (and 'auto' on CUDA) runs osdn_fast.nn.short_conv's Triton kernels in that layout; 'ref' (and 'auto'
-    elsewhere) runs conv1d on [B, C, T] and copies back, which on an H100 took 11-15× the Triton forward and 5.7× its
-    forward+backward (benchmarks/NOTES.md, "The Triton short convolution on a GPU")."""
+    elsewhere) runs conv1d on [B, C, T] and copies back, which on an H100 took 12-14× the Triton forward's time and
+    5.0-5.7× its forward+backward's (benchmarks/NOTES.md, "The Triton short convolution on a GPU")."""
 
     def __init__(self, channels: int, width: int = 4, kernel: str = "auto"):
         super().__init__()

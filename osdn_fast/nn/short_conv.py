@@ -121,9 +121,11 @@ def short_conv(x: torch.Tensor, weight: torch.Tensor, tiles: tuple[int, int, int
     powers of two, the launch of every kernel (benchmarks/bench_short_conv.py --tiles compares them)."""
     if x.dim() != 3:
         raise ValueError(f"x: expected [B, T, C], got shape {list(x.shape)}")
-    w = weight.reshape(weight.shape[0], -1)
-    if w.shape[0] != x.shape[2]:
+    if not x.is_floating_point() or not weight.is_floating_point():
+        raise ValueError(f"x and weight: expected floating-point tensors, got {x.dtype} and {weight.dtype}")
+    if weight.dim() not in (2, 3) or weight.shape[0] != x.shape[2] or (weight.dim() == 3 and weight.shape[1] != 1):
         raise ValueError(f"weight: expected [C, 1, W] with C = {x.shape[2]} (x's channels), got {list(weight.shape)}")
+    w = weight.reshape(weight.shape[0], weight.shape[-1])
     if w.device != x.device:
         raise ValueError(f"weight is on {w.device}, x on {x.device}")
     if len(tiles) != 3 or any(not isinstance(n, int) or n < 1 or n & (n - 1) for n in tiles):
