@@ -9,7 +9,8 @@
 # $OUT/grouped), profile_op (profile_op.py: median, CUDA-graph replay and kernels of whole ops beside fla's), ab
 # (profile_op.py with this tree's kernels and a base tree's, alternating), overlap (overlap_probe.py), memory
 # (memory_peak.py: what is alive at the peak of one forward+backward), model (model_throughput.py: whole models with
-# OSDN mixers against the same models on fla's DeltaNet, training step and inference).
+# OSDN mixers against the same models on fla's DeltaNet, training step and inference), short_conv (bench_short_conv.py),
+# short_conv_ab (the same in this tree and AB_TREES, alternating), model_convs (model per short convolution).
 #
 #   bash benchmarks/gpu_session.sh            # from the repo root, with .whl/ (fla wheels) carried: validation + phase 1, ~7.5 min cold
 #   STEPS=bench BENCH_S=570 bash benchmarks/gpu_session.sh          # the suite alone (~6 min cold): a call of its own
@@ -52,6 +53,9 @@
 #       bash benchmarks/gpu_session.sh   (the Triton short convolution: its CUDA tests, the convolution alone beside
 #       the layer's torch path, then the models with each; call 10 of the model log, 2026-12-06; calls 11 to 14 ran
 #       bench_short_conv.py --tiles and the models by hand, each step on one line of the log)
+#   STEPS="short_conv_ab model_convs" AB_TREES="dz=.work/dz" MODEL_CONVS=layer MODEL_ARGS="--scales 1.3B ..." ...
+#       (a change to the short convolution: the other tree's CUDA tests of it, then the convolution alone in both trees,
+#       alternating; 2026-12-06, fourth session)
 set -u
 : "${OUT:?set OUT to the output folder}"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
@@ -134,6 +138,20 @@ fi
 has overlap && step overlap "${OVERLAP_S:-150}" python3 benchmarks/overlap_probe.py --out "$OUT" ${OVERLAP_ARGS:-}
 has model && step model "${MODEL_S:-420}" python3 benchmarks/model_throughput.py --out "$OUT" ${MODEL_ARGS:-}
 has short_conv && step short_conv "${SHORT_CONV_S:-90}" python3 benchmarks/bench_short_conv.py --out "$OUT"
+if has short_conv_ab; then  # the short convolution alone (bench_short_conv.py), this tree and AB_TREES in turn, AB_ROUNDS
+    # times, after each other tree's CUDA tests of it: $OUT/sc_tree1/bench_short_conv.json, $OUT/sc_<name>1/..., ...
+    for tree in ${AB_TREES:?set AB_TREES}; do
+        (cd "${tree#*=}" && PYTHONPATH="/tmp/site:$PWD" step "pytest_${tree%%=*}" "${PYTEST_S:-150}" python3 -m pytest -q -x \
+            -p no:cacheprovider tests/test_fast_short_conv.py)
+    done
+    for i in $(seq "${AB_ROUNDS:-2}"); do
+        step "short_conv_tree$i" "${SHORT_CONV_S:-90}" python3 benchmarks/bench_short_conv.py --out "$OUT/sc_tree$i"
+        for tree in ${AB_TREES}; do
+            PYTHONPATH="/tmp/site:${tree#*=}" step "short_conv_${tree%%=*}$i" "${SHORT_CONV_S:-90}" \
+                python3 "${tree#*=}/benchmarks/bench_short_conv.py" --out "$OUT/sc_${tree%%=*}$i"
+        done
+    done
+fi
 if has model_convs; then  # the layer's short convolution: model_throughput.py once per --conv of MODEL_CONVS, each in a
     for conv in ${MODEL_CONVS:-layer torch}; do  # folder of its own (the first run compiles, the later ones reuse it)
         mkdir -p "$OUT/model_$conv"
