@@ -79,7 +79,7 @@ def test_committed_profiles(shape):
     ours = bv.kernels(profile, "osdn", 4.8)
     fwd = [r["kernel"] for r in ours if r["direction"] == "fwd"]
     # the forward: phase 1, then phase 2's five kernels once each, ending at the output kernel
-    assert [k for k in fwd if r_phase2(k)] == ["gram_kernel", "solve_kernel", "wu_kernel", "state_fwd_kernel",
+    assert [k for k in fwd if ours_phase2_kernel(k)] == ["gram_kernel", "solve_kernel", "wu_kernel", "state_fwd_kernel",
                                                "output_fwd_kernel"]
     assert [r["kernel"] for r in fla if r["direction"] == "fwd"][-1] == "chunk_fwd_kernel_o"
     assert all(r["phase"] == 2 for r in fla)
@@ -91,5 +91,6 @@ def test_committed_profiles(shape):
     for d in ("fwd", "fwdbwd"):
         assert b[d]["ratio_now"] > b[d]["ratio_at_phase2_bw"] > b[d]["ratio_at_floor"] > b[d]["ratio_at_floor_peak"]
 
-def r_phase2(name):
+def ours_phase2_kernel(name):
+    """A Triton kernel of phase 2 (not phase 1's, not one of torch's small ones)."""
     return name.endswith("_kernel") and not name.startswith(bv.PHASE1_PREFIXES) and "::" not in name
