@@ -41,6 +41,8 @@
 #       alternating AB_ROUNDS times in one call; version 20; AB_TREES="base=.work/base alt=.work/alt" for more than one)
 #   STEPS="validate profile_op" PROFILE_OP_ARGS="--shapes 1x16384x16x128,4x4096x16x128 --ops fla_delta_rule,osdn" bash benchmarks/gpu_session.sh
 #       (a launch-settings change: its validation and its GPU time beside fla's in one call, ~8 min cold; version 9)
+#   STEPS=ncu_op NCU_KERNELS="phase1_chunk.*out|gram_replay" bash benchmarks/gpu_session.sh
+#       (Nsight Compute's details, stall reasons included, of the kernels of one forward+backward the regex matches)
 #   STEPS=overlap bash benchmarks/gpu_session.sh   # phase 1's out kernel beside its chains on a second stream, timing
 #       only (benchmarks/overlap_probe.py; after version 36)
 #   STEPS="scan_ab ncu_scan" AB_TREES="lead=.work/lead" bash benchmarks/gpu_session.sh
@@ -134,6 +136,15 @@ if has ncu_scan; then  # Nsight Compute on one launch of each scan build and gra
             --source "/tmp/ncu_$name.csv" --labels "$labels" --out "$OUT/ncu_scan_$name.json" \
             --meta "{\"tree\": \"$name\", \"builds\": \"$builds\", \"date\": \"$(date -u +%FT%TZ)\"}"
     done
+fi
+if has ncu_op; then  # Nsight Compute on the kernels of one forward+backward matching NCU_KERNELS (ncu_op.py's calls), the
+    # details page kept whole in $OUT/ncu_op.txt (stall reasons per kernel; the clocks left as found); after version 40
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu_op "${NCU_S:-150}" "$NCU" --clock-control none --profile-from-start off -k "regex:${NCU_KERNELS:-phase1_chunk}" \
+        --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --page details -o /tmp/ncu_op -f \
+        python3 benchmarks/ncu_op.py ${NCU_OP_ARGS:---shapes 4x4096x16x128 --ops osdn}
+    "$NCU" -i /tmp/ncu_op.ncu-rep --page details --print-details all > "$OUT/ncu_op.txt" 2>&1
 fi
 has overlap && step overlap "${OVERLAP_S:-150}" python3 benchmarks/overlap_probe.py --out "$OUT" ${OVERLAP_ARGS:-}
 has model && step model "${MODEL_S:-420}" python3 benchmarks/model_throughput.py --out "$OUT" ${MODEL_ARGS:-}

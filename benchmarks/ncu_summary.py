@@ -13,6 +13,12 @@ instructions that waited most.
         --labels "r0 fp32,r0 bf16,r1 fp32,r1 bf16" --out book/data/ncu_scan_v35.json
     (--details takes several pages of the same launches, comma-separated: a second profile's SpeedOfLight durations)
 
+`kernels`: any details page (`--page details --print-details all`), e.g. gpu_session.sh's `ncu_op` step: per launch
+its kernel, grid, block, duration, throughputs (SM, memory, DRAM, L1, L2), occupancy, registers, instructions and
+cycles per issued instruction by stall reason, each launch named by --labels.
+
+    python benchmarks/ncu_summary.py kernels --details ncu_op.txt --labels "osdn prep,osdn state,..." --out k.json
+
 `op`: `ncu_op.py`'s one forward+backward per op (`--csv --page details`): per kernel, in launch order, its op, grid,
 duration, SM and memory throughput against the peak, achieved occupancy and registers. The report does not say which
 op launched a kernel: each op's call begins with a marker kernel (torch's spin kernel), in `--ops` order.
@@ -33,6 +39,8 @@ OP_METRICS = {"Duration": "duration_us", "Compute (SM) Throughput": "sm_pct", "M
               "Registers Per Thread": "registers", "Warp Cycles Per Issued Instruction": "cycles_per_issue"}
 SCAN_METRICS = {"Duration": "duration_us", "Executed Instructions": "instructions",
                 "Warp Cycles Per Issued Instruction": "cycles_per_issue", "Registers Per Thread": "registers"}
+KERNEL_METRICS = dict(OP_METRICS, **SCAN_METRICS, **{"L1/TEX Cache Throughput": "l1_pct", "L2 Cache Throughput": "l2_pct",
+                                                   "Theoretical Occupancy": "theoretical_occupancy_pct"})
 TIME_UNITS = {"ns": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3, "nsecond": 1e-3}
 
 
@@ -40,23 +48,33 @@ def number(text: str) -> float:
     return float(text.replace(",", ""))
 
 
-def scan_details(text: str) -> list[dict]:
-    """Per launch (a block of the details page): SCAN_METRICS and `stall_cycles_per_issue` {reason: cycles}."""
+HEADER = re.compile(r"^  (\S+) (\(\d+, \d+, \d+\))x(\(\d+, \d+, \d+\))", re.M)
+
+
+def page_launches(text: str, metrics: dict) -> list[dict]:
+    """Per launch (a block of the details page, in launch order): its kernel, grid and block, `metrics` {ncu's name:
+    key} (the first value of each; durations in µs) and `stall_cycles_per_issue` {reason: cycles}."""
+    heads = list(HEADER.finditer(text))
     launches = []
-    for block in re.split(r"\n  \S+ \(\d+, \d+, \d+\)x\(\d+, \d+, \d+\)", text)[1:]:
-        row, stalls = {}, {}
-        for line in block.splitlines():
+    for head, nxt in zip(heads, heads[1:] + [None]):
+        row, stalls = dict(kernel=head.group(1), grid=head.group(2), block=head.group(3)), {}
+        for line in text[head.end():nxt.start() if nxt else len(text)].splitlines():
             m = re.match(r"\s+(Stall [A-Za-z ]+?)\s+inst\s+([\d.,]+)\s*$", line)
             if m:
                 stalls[m.group(1)[len("Stall "):]] = number(m.group(2))
                 continue
             m = re.match(r"\s+(.+?)\s{2,}(\S+)\s+([\d.,]+)\s*$", line)
-            if m and m.group(1) in SCAN_METRICS and SCAN_METRICS[m.group(1)] not in row:
+            if m and m.group(1) in metrics and metrics[m.group(1)] not in row:
                 value = number(m.group(3))
-                row[SCAN_METRICS[m.group(1)]] = value * TIME_UNITS.get(m.group(2), 1.0) if m.group(1) == "Duration" else value
+                row[metrics[m.group(1)]] = value * TIME_UNITS.get(m.group(2), 1.0) if m.group(1) == "Duration" else value
         row["stall_cycles_per_issue"] = stalls
         launches.append(row)
     return launches
+
+
+def scan_details(text: str) -> list[dict]:
+    """Per launch: SCAN_METRICS and `stall_cycles_per_issue` {reason: cycles}."""
+    return [{k: v for k, v in row.items() if k not in ("kernel", "grid", "block")} for row in page_launches(text, SCAN_METRICS)]
 
 
 def scan_source(text: str, top: int = 4) -> list[dict]:
@@ -106,7 +124,10 @@ def main(argv=None) -> int:
     op = sub.add_parser("op")
     op.add_argument("--csv", required=True)
     op.add_argument("--ops", required=True)
-    for p in (scan, op):
+    kern = sub.add_parser("kernels")
+    kern.add_argument("--details", required=True)
+    kern.add_argument("--labels", required=True, help="comma-separated, one per launch in order")
+    for p in (scan, op, kern):
         p.add_argument("--out", required=True)
         p.add_argument("--meta", default="{}", help="JSON object stored as the file's `meta` (command, date)")
     args = ap.parse_args(argv)
@@ -119,6 +140,11 @@ def main(argv=None) -> int:
         if not len(labels) == len(details) == len(source):
             ap.error(f"--labels names {len(labels)} launches, the details hold {len(details)}, the source {len(source)}")
         result = dict(meta=meta, launches=[dict(label=a, **b, **c) for a, b, c in zip(labels, details, source)])
+    elif args.what == "kernels":
+        labels, launches = args.labels.split(","), page_launches(open(args.details).read(), KERNEL_METRICS)
+        if len(labels) != len(launches):
+            ap.error(f"--labels names {len(labels)} launches, the details hold {len(launches)}")
+        result = dict(meta=meta, launches=[dict(label=a, **b) for a, b in zip(labels, launches)])
     else:
         result = dict(meta=meta, ops=args.ops.split(","), kernels=op_kernels(open(args.csv).read(), args.ops.split(",")))
     with open(args.out, "w") as f:

@@ -65,6 +65,23 @@ def test_scan_summary_keeps_each_launch_and_its_stalls(tmp_path):
                           "--labels", "a,b,c", "--out", str(out)])
 
 
+def test_kernels_summary_names_each_launch(tmp_path):
+    import ncu_summary
+
+    page = DETAILS.replace("Throughput\n", "Throughput\n    L1/TEX Cache Throughput                 %        85.21\n", 1)
+    (tmp_path / "d.txt").write_text(page)
+    out = tmp_path / "k.json"
+    assert ncu_summary.main(["kernels", "--details", str(tmp_path / "d.txt"), "--labels", "fwd,bwd", "--out", str(out),
+                             "--meta", '{"date": "x"}']) == 0
+    a, b = json.loads(out.read_text())["launches"]
+    assert (a["label"], a["kernel"], a["grid"], a["block"]) == ("fwd", "phase1_bwd_seq_kernel", "(8, 16, 1)", "(32, 1, 1)")
+    assert (a["duration_us"], a["l1_pct"], a["registers"], a["cycles_per_issue"]) == (612.61, 85.21, 168.0, 2.6)
+    assert "l1_pct" not in b and b["duration_us"] == pytest.approx(925.47)
+    assert b["stall_cycles_per_issue"] == {"Short Scoreboard": 0.22, "Long Scoreboard": 1.88}
+    with pytest.raises(SystemExit):  # one label for two launches
+        ncu_summary.main(["kernels", "--details", str(tmp_path / "d.txt"), "--labels", "fwd", "--out", str(out)])
+
+
 def test_op_summary_splits_the_launches_at_the_markers(tmp_path):
     import ncu_summary
 
