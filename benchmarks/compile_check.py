@@ -115,6 +115,11 @@ def chunked_phase1_jobs(BK):
             (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, FUSED=True, HAS_STATS=stats,
                                                                       REPLAY=replay)))
             for stats, replay in ((True, True), (True, False), (False, True), (False, False))] + [
+            # without r (OSDN): the interpreter runs constexpr branches that a compiled kernel may reject, so these
+            # builds are compiled here too (version 41's lead failed on the GPU only, 2026-12-07)
+            (chk.phase1_chunk_out_kernel, *tiled("out", dict(out_flags, HAS_R=False, STORE_D=False))),
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, HAS_R=False, FUSED=True, HAS_STATS=True,
+                                                                      REPLAY=True)))] + [
         job for G in (0, 16) for job in (  # the chains, one chunk at a time and replaying groups of 16
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), state_launch[G]),
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G, HAS_MIN=True, HAS_MAX=True), (),
