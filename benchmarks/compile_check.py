@@ -12,6 +12,10 @@ from one tree, then compare another tree's with it; the same instructions run th
 
     PYTHONPATH=OLD_TREE python benchmarks/compile_check.py --dims 64 128 --sass-out /tmp/old.json
     PYTHONPATH=NEW_TREE python benchmarks/compile_check.py --dims 64 128 --same-as /tmp/old.json
+
+What one loop trip costs in instructions, barriers and shared-memory traffic (a chain's step, after version 41):
+
+    python benchmarks/compile_check.py --kernels "phase1_chunk_(bwd_)?state" --loops
 """
 from __future__ import annotations
 
@@ -209,6 +213,23 @@ def sass_instructions(compiled) -> list[str]:
     return [" ".join(m.group(1).split()) for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+([^;]*);", sass)]
 
 
+def loop_mix(compiled) -> dict | None:
+    """The instruction mix of a compiled kernel's longest loop (the span from a backward branch's target to the
+    branch, in SASS): instructions, barriers, shared-memory loads and stores, warp shuffles, global loads. A chain's
+    step costs about its instructions times the cycles per issued instruction that Nsight Compute measures; each
+    barrier is a point where the warps wait for each other (the cross-warp reductions). None: no loop."""
+    ins = [(int(a, 16), text) for a, text in re.findall(r"/\*([0-9a-f]{4})\*/\s+([^;]*);", sass_text(compiled))]
+    spans = [(int(t.group(1), 16), a) for a, text in ins if "BRA" in text
+             for t in [re.search(r"0x([0-9a-f]+)", text)] if t and int(t.group(1), 16) < a]
+    if not spans:
+        return None
+    lo, hi = max(spans, key=lambda span: span[1] - span[0])
+    ops = [text.split()[1] if text.startswith("@") else text.split()[0] for a, text in ins if lo <= a <= hi]
+    count = lambda *prefixes: sum(op.startswith(prefixes) for op in ops)  # noqa: E731
+    return dict(instructions=len(ops), barriers=count("BAR"), shared_loads=count("LDS"), shared_stores=count("STS"),
+                shuffles=count("SHFL"), global_loads=count("LDG"))
+
+
 def sass_fingerprint(compiled) -> dict:
     """A compiled kernel's SASS instructions: their number and a sha256 of the sequence, so that two builds compare
     without keeping their listings."""
@@ -223,6 +244,8 @@ def main(argv=None):
     parser.add_argument("--arch", type=int, default=90)
     parser.add_argument("--sass-out", help="write every build's SASS fingerprint (JSON) to this file")
     parser.add_argument("--same-as", help="compare every build's SASS with a file that --sass-out wrote")
+    parser.add_argument("--kernels", help="only the kernels whose name matches this regular expression")
+    parser.add_argument("--loops", action="store_true", help="also print each build's longest loop's instruction mix")
     args = parser.parse_args(argv)
     if os.environ.get("TRITON_INTERPRET") == "1":
         sys.exit("compile_check compiles real kernels: unset TRITON_INTERPRET")
@@ -234,6 +257,8 @@ def main(argv=None):
     for D in args.dims:
         for dtype in args.dtypes:
             for kernel, constexprs, none_args, options in jobs(D, D):
+                if args.kernels and not re.search(args.kernels, kernel.__name__):
+                    continue
                 types, consts, attrs = signature(kernel, constexprs, none_args, dtype)
                 t = time.perf_counter()
                 label = (f"K=V={D:<4d} {dtype:4s} {kernel.__name__:24s} HAS_G={constexprs.get('HAS_G', '-')!s:5s}"
@@ -254,6 +279,9 @@ def main(argv=None):
                     prints[key] = sass_fingerprint(compiled)  # keyed by every constexpr: the label shows only some
                 print(f"{'FAIL' if over else 'ok  '} {label} shared {shared:6d} B  registers {regs:3d}  stack {stack:5d} B"
                       f"  {time.perf_counter() - t:4.1f}s", flush=True)
+                if args.loops:
+                    mix = loop_mix(compiled)
+                    print("     loop: " + (", ".join(f"{k} {v}" for k, v in mix.items()) if mix else "none"), flush=True)
     print("all kernels compile" if not failures else f"{failures} kernel(s) failed")
     if args.sass_out:
         with open(args.sass_out, "w") as f:

@@ -662,6 +662,24 @@ def test_kernels_compile_for_h200(tmp_path):
     assert f"{len(builds) - 1} of {len(builds)} builds; moved 1, new 0, no longer built 0" in res.stdout
 
 
+def test_compile_check_loops_of_the_chains():
+    """compile_check.py --kernels compiles only the kernels it names, and --loops gives each build's longest loop: a
+    chain's step over chunks, with the barriers of its cross-warp reductions (NOTES, version 41)."""
+    import re
+
+    env = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    root = Path(__file__).resolve().parents[1]
+    res = subprocess.run([sys.executable, str(root / "benchmarks" / "compile_check.py"), "--dims", "128", "--kernels",
+                          "phase1_chunk_state", "--loops"], cwd=root, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stdout[-4000:] + res.stderr[-4000:]
+    builds = re.findall(r"^ok\s+K=V=128\s+bf16 (\S+)", res.stdout, flags=re.M)
+    loops = re.findall(r"loop: instructions (\d+), barriers (\d+), shared_loads \d+, shared_stores \d+, "
+                       r"shuffles (\d+), global_loads (\d+)", res.stdout)
+    assert len(builds) >= 4 and set(builds) == {"phase1_chunk_state_kernel"} and len(loops) == len(builds)
+    assert all(int(n) > 100 and int(bar) > 0 and int(ldg) > 0 for n, bar, _, ldg in loops)
+
+
 @pytest.mark.parametrize("B,T,C", [(1, 1, 16), (3, 64, 64), (2, 100, 32), (4, 17, 16)])
 def test_uniform_chunk_layout_is_chunk_layout(B, T, C):
     """The host-side layout of fixed-length batches (no device-to-host wait) equals the general one."""
