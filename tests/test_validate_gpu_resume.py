@@ -14,7 +14,7 @@ validate_gpu = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(validate_gpu)
 
 
-computed = []  # the References object each stubbed case was given
+computed = []  # (the References object, the reference key) of each stubbed case
 
 
 @pytest.fixture
