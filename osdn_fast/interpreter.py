@@ -34,9 +34,14 @@ def install() -> bool:
     if getattr(patch_lang, "swaps_once", False):
         return True
 
+    seen = {}  # id of a module's globals -> (those globals, the language modules they hold)
+
     def patch_lang_once(fn):
-        ids = [getattr(v, "program_id", None) for v in fn.__globals__.values()
-               if inspect.ismodule(v) and v in (tl, tl.core)]
+        g = fn.__globals__
+        held = seen.get(id(g))
+        if held is None or held[0] is not g:
+            held = seen[id(g)] = (g, [v for v in g.values() if inspect.ismodule(v) and v in (tl, tl.core)])
+        ids = [getattr(lang, "program_id", None) for lang in held[1]]
         if ids and all(i is not None and not tl.core.is_builtin(i) for i in ids):  # swapped by the launch
             return _InForce()
         return patch_lang(fn)
