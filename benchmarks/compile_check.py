@@ -120,10 +120,14 @@ def chunked_phase1_jobs(BK):
                                                                       REPLAY=replay)))
             for stats, replay in ((True, True), (True, False), (False, True), (False, False))] + [
             # without r (OSDN): the interpreter runs constexpr branches that a compiled kernel may reject, so these
-            # builds are compiled here too (version 41's lead failed on the GPU only, 2026-12-07)
+            # builds are compiled here too (version 41's lead failed on the GPU only, 2026-12-07); d and λ by running
+            # sums, the backward's at its own launch entry
             (chk.phase1_chunk_out_kernel, *tiled("out", dict(out_flags, HAS_R=False, STORE_D=False))),
-            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out", dict(solved, HAS_R=False, FUSED=True, HAS_STATS=True,
-                                                                      REPLAY=True)))] + [
+            (chk.phase1_chunk_bwd_out_kernel, *tiled("bwd_out_sum", dict(solved, HAS_R=False, FUSED=True,
+                                                                          HAS_STATS=True, REPLAY=True)))] + [
+            gram_replay_job(BK, C, solve["PREC"], has_r, has_g, stats, uniform)
+            for has_r, has_g, stats, uniform in ((False, False, True, True), (True, True, True, False),
+                                                 (False, True, False, False))] + [
         job for G in (0, 16) for job in (  # the chains, one chunk at a time and replaying groups of 16
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G), (), state_launch[G]),
             (chk.phase1_chunk_state_kernel, dict(flags, HAS_D0=True, G=G, HAS_MIN=True, HAS_MAX=True), (),
@@ -138,11 +142,23 @@ def chunked_phase1_jobs(BK):
         for reverse in (False, True)]
 
 
+def gram_replay_job(BK, C1, PREC, has_r, has_g, stats, uniform, chunk_size=64):
+    """phase 2's Gram that forms k̃ from phase 1's chain (gram_replay.py), at chunk_osdn's launch."""
+    from osdn_fast.ops.common import launch
+    from osdn_fast.ops.gram_replay import gram_replay_kernel
+    from osdn_fast.ops.tuning import TUNING
+
+    none = () if has_g else ("G",)
+    return (gram_replay_kernel, dict(K=BK, BT=chunk_size, BK=BK, KB=min(TUNING["gram_replay"]["KB"], BK), C1=C1,
+                                     HAS_R=has_r, HAS_G=has_g, STORE_STATS=stats, PREC=PREC, UNIFORM=uniform),
+            none, launch("gram_replay", BK, BK)[1])
+
+
 # Pointers in the input dtype: the inputs and every intermediate between stages (see osdn_fast/ops/common.py);
 # the rest (gates' cumulative sums, states in and out, the float32 gradients) are float32.
 INPUT_DTYPE = {"q", "k", "kt", "kt_out", "v", "beta", "do", "o", "g", "x", "w", "u", "h", "ubar", "Ainv", "dh", "du",
                "du_local", "dM_scratch", "dq", "dw", "dv"}  # A (the solve's input) is float32
-FLOAT32_IN = {"osdn_fast.ops.phase1_chunk": {"u"}}  # names that are float32 in one module: phase 1's chunk-form u
+FLOAT32_IN = {"osdn_fast.ops.phase1_chunk": {"u"}, "osdn_fast.ops.gram_replay": {"u"}}  # names that are float32 in one module: phase 1's chunk-form u
 
 
 def signature(kernel, constexprs, none_args, dtype):
@@ -164,7 +180,7 @@ def signature(kernel, constexprs, none_args, dtype):
         elif name in ("scale", "eps", "d_min", "d_max", "tol"):
             types[name] = "fp32"
         elif name in ("cu_seqlens", "chunk_indices", "chunk_offsets", "chunk_seq", "chunk_start", "outside", "guard",
-                      "group_seq", "group_first", "group_offsets"):
+                      "group_seq", "group_first", "group_offsets", "p1_offsets"):
             types[name] = "*i32"
         else:
             as_input = name in INPUT_DTYPE and name not in FLOAT32_IN.get(kernel.fn.__module__, ())

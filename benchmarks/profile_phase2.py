@@ -39,6 +39,7 @@ PHASE1_SPACE = dict(KB=(16, 32, 64), num_warps=(2, 4), num_stages=(1, 2, 3))
 CHAIN_SPACE = dict(num_warps=(2, 4, 8), num_stages=(1, 2, 3))  # phase 1's walked chains: one [C, K] tile per step
 GROUP_SPACE = dict(BN=(32, 64, 128), num_warps=(4, 8), num_stages=(1,))  # the grouped chains' map (columns BN) and walk
 STATE_SPACE = dict(BV=(16, 32, 64), num_warps=(4, 8), num_stages=(1, 2, 3))  # the state chain: narrower tiles, more programs
+GRAM_REPLAY_SPACE = dict(KB=(16, 32, 64), num_warps=(2, 4, 8), num_stages=(1, 2))  # the Gram with phase 1's replay
 # settings that have lost the CUDA context with an illegal access (`wu`: on its own launch, probe_launch.py, version 12;
 # `output_fwd`: in version 23's sweep at (2, 4096, 32, 64)): the loss ends a sweep, so none is offered
 FAULTS = {"wu": (dict(BV=32, num_warps=4, num_stages=1),), "output_fwd": (dict(BV=32, num_warps=4, num_stages=1),)}
@@ -115,8 +116,28 @@ def stage_calls(x, B, T, H, D):
         "output_bwd": lambda: output.output_bwd(q, kt, None, h, dh, ubar, du, do, scale, cu, ci, 64, BK, BV),
         # wy_bwd reads output_bwd's float32 part of ∂k̃ from `dkt` and writes the total to a new buffer
         "wy_bwd": lambda: wy.wy_bwd(k, kt, v, beta, None, Ainv, dw, du, dkt, None, cu, ci, 64, BK, BV, k.dtype),
+        "gram_replay": gram_replay_call(x, B, T, H, D, cu, ci, BK),
         **phase1_calls(x, H),
     }
+
+
+def gram_replay_call(x, B, T, H, D, cu, ci, BK):
+    """The Gram that forms k̃ from phase 1's chain (gram_replay.py, version 39), as chunk_osdn runs it after the
+    chunk form without the clip: what it replaces is `gram` here plus `phase1_out`'s out kernel."""
+    from osdn_fast.ops.chunk import PHASE1_CHUNKED
+    from osdn_fast.ops.gram_replay import gram_replay
+    from osdn_fast.ops.phase1_chunk import chunk_entries, phase1_fwd_chunk
+
+    k, beta = x["k"].detach(), x["beta"].detach()
+    eta = torch.full((H,), OPTIONS["eta"], dtype=torch.float32, device=k.device)
+    C1 = PHASE1_CHUNKED["chunk_size"]
+    x0, u = chunk_entries(k, None, C1)
+    phase1_fwd_chunk(k, beta, None, None, eta, beta_aware=True, normalize=True, cu_seqlens=None, store_d=False,
+                     entries=(x0, u), out=False, **PHASE1_CHUNKED)
+    stats = torch.empty(2, B * T, H, dtype=torch.float32, device=k.device)
+    pk = lambda t: t.reshape(1, B * T, *t.shape[2:])  # noqa: E731
+    return lambda: gram_replay(pk(k), pk(beta), None, None, (x0, pk(u)), None, C1, stats, cu, ci, 64, BK,
+                               PHASE1_CHUNKED["precision"])
 
 
 def phase1_calls(x, H):
@@ -151,7 +172,7 @@ def phase1_calls(x, H):
 
     C, BK = PHASE1_CHUNKED["chunk_size"], block_k(k.shape[3])
     calls = {tuning_key(stage, C, BK): call for stage, call in (
-        ("bwd_out", bwd), ("bwd_state", bwd), ("state", fwd), ("bwd_prep", bwd), ("out", fwd), ("prep", fwd))}
+        ("bwd_out_sum", bwd), ("bwd_out", bwd), ("bwd_state", bwd), ("state", fwd), ("bwd_prep", bwd), ("out", fwd), ("prep", fwd))}
     calls = {name: call for name, call in calls.items() if name in TUNING}  # slowest first (version 8's profile)
     return {**calls, "phase1_group_map": grouped, "phase1_group_walk": grouped}
 
@@ -168,7 +189,8 @@ def sweep(calls, budget_s):
     results, start = {}, time.time()
     for stage, call in calls.items():
         results[stage] = []
-        space = SOLVE_SPACE if stage == "solve" else GROUP_SPACE if stage.startswith("phase1_group") else \
+        space = SOLVE_SPACE if stage == "solve" else GRAM_REPLAY_SPACE if stage == "gram_replay" else \
+            GROUP_SPACE if stage.startswith("phase1_group") else \
             CHAIN_SPACE if stage.startswith(("phase1_state", "phase1_bwd_state")) else \
             PHASE1_SPACE if stage.startswith("phase1_") else STATE_SPACE if stage.startswith("state_") else SPACE
         tile = next((t for t in ("BV", "KB", "BN") if t in space), None)
@@ -311,7 +333,7 @@ def main(argv=None):
                   fla="missing" if fla is None else "0.6.0", shape=shape, options=OPTIONS,
                   committed_tuning=committed, applied_tuning=applied)
     result["state_space"], result["space"], result["phase1_space"] = STATE_SPACE, SPACE, PHASE1_SPACE
-    result["group_space"] = GROUP_SPACE
+    result["group_space"], result["gram_replay_space"] = GROUP_SPACE, GRAM_REPLAY_SPACE
     if not args.sweep_only:
         result["committed"], result["kernels"] = whole_op(x, fla), op_kernels(x, fla, osdn_fwd, do)
         save(args.out, "profile_phase2.json", result)

@@ -303,7 +303,7 @@ def test_forward_without_backward_skips_d_all(eta, r, clip, form, monkeypatch):
     options = dict(eta=eta, r=rr, d_min=p1["d_min"], d_max=p1["d_max"], output_final_state=True)
     asked = []
     phase1_fwd = chunk_ops.phase1_fwd
-    monkeypatch.setattr(chunk_ops, "phase1_fwd", lambda *a, store_d: asked.append(store_d) or phase1_fwd(*a, store_d))
+    monkeypatch.setattr(chunk_ops, "phase1_fwd", lambda *a, store_d, **kw: asked.append(store_d) or phase1_fwd(*a, store_d, **kw))
     o1, (S1, d1) = osdn_fast.chunk_osdn(q, k, v, beta.requires_grad_(), **options)
     with torch.no_grad():  # beta still requires grad: torch.no_grad decides
         o2, (S2, d2) = osdn_fast.chunk_osdn(q, k, v, beta, **options)

@@ -294,12 +294,17 @@ def test_chunked_launch_settings_match_reference(kb, K, monkeypatch):
         if "state" not in stage:
             monkeypatch.setitem(TUNING, key, dict(TUNING[key], KB=kb))
             assert phase1_chunk._parallel_launch(stage, C, K)["KB"] == kb
+    sum_key = phase1_chunk.tuning_key("bwd_out_sum", C, K)    # the backward's running sum without r (K = 128 only)
+    assert (sum_key in TUNING) == (K == 128)
+    if sum_key in TUNING:
+        monkeypatch.setitem(TUNING, sum_key, dict(TUNING[sum_key], KB=kb))
     assert phase1_chunk.tuning_key("prep", 2 * C, K) is None   # off the tuned chunks: the rule
     assert phase1_chunk._parallel_launch("prep", 2 * C, K) == dict(KB=16, num_warps=8 if K == 128 else 4, num_stages=3)
-    p = dict(B=1, T=2 * C + 22, H=1, K=K, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None,
-             d_max=None), has_r=True, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
-             chunk_size=C, solver="blockwise", seed=3)
-    against_reference(make_inputs(p), p, chunked=True)
+    for has_r in (True, False):
+        p = dict(B=1, T=2 * C + 22, H=1, K=K, lengths=None, options=dict(beta_aware=True, normalize=True, d_min=None,
+                 d_max=None), has_r=has_r, has_d0=True, eta_kind="tensor", zero_key=True, dtype=torch.float32,
+                 chunk_size=C, solver="blockwise", seed=3)
+        against_reference(make_inputs(p), p, chunked=True)
 
 
 def test_chunk_backward_reuses_the_forward_inverse():

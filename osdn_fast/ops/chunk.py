@@ -14,13 +14,15 @@ import torch
 
 from osdn_ref import validate_inputs
 
-from .common import block_dims
+from .common import block_dims, launch
 from .cumsum import chunk_cumsum
+from .gram_replay import gram_replay
 from .index import chunk_layout, uniform_chunk_layout, uniform_cu_seqlens
 from .output import output_bwd, output_bwd_local, output_fwd
 from .phase1 import phase1_bwd_seq, phase1_fwd_seq
 from .phase1_chunk import chain_group, chunk_entries, phase1_bwd_chunk, phase1_fwd_chunk
 from .phase1_newton import phase1_bwd_newton, phase1_fwd_newton
+from .solve import unit_lower_inverse
 from .state import state_bwd, state_fwd
 from .wy import wy_bwd, wy_fwd
 
@@ -30,16 +32,24 @@ CHUNK_SIZES = (16, 32, 64)
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
-def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size, layout):
-    """Packed [1, ΣT, H, ·] inputs → (o, S_final or None, A⁻¹ kept for the backward); `layout` = chunk_layout(...)."""
+def phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size, layout, replay=None):
+    """Packed [1, ΣT, H, ·] inputs → (o, S_final or None, A⁻¹ kept for the backward, k̃); `layout` = chunk_layout(...).
+    k̃ None: the Gram forms it from `replay` = gram_replay's (r, entries, p1_offsets, p1_chunk_size, stats,
+    precision), phase 1's chunk form's chain, instead of reading it (gram_replay.py)."""
     chunk_indices, chunk_offsets = layout
     BK, BV = block_dims(k.shape[-1], v.shape[-1])
     G = None if g is None else chunk_cumsum(g, cu_seqlens, chunk_indices, chunk_size)
-    Ainv, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV)
+    Ainv = None
+    if kt is None:
+        r, entries, p1_offsets, p1_chunk_size, stats, precision = replay
+        kt, A = gram_replay(k, beta, G, r, entries, p1_offsets, p1_chunk_size, stats, cu_seqlens, chunk_indices,
+                            chunk_size, BK, precision)
+        Ainv = unit_lower_inverse(A, cu_seqlens, chunk_indices, k.dtype, **launch("solve", BK, BV)[1])
+    Ainv, w, u = wy_fwd(k, kt, v, beta, G, cu_seqlens, chunk_indices, chunk_size, BK, BV, Ainv=Ainv)
     h, ubar, S_final = state_fwd(w, u, kt, G, S0, cu_seqlens, chunk_offsets, chunk_indices.shape[0],
                                  chunk_size, BK, BV, output_final_state)
     o = output_fwd(q, kt, G, h, ubar, scale, cu_seqlens, chunk_indices, chunk_size, BK, BV)
-    return o, S_final, Ainv
+    return o, S_final, Ainv, kt
 
 
 def phase2_bwd(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, do, dS_final, scale, C, layout, grad_dtype=None):
@@ -74,8 +84,8 @@ class ChunkOSDNPhase2(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size):
         layout = chunk_layout(cu_seqlens, chunk_size)
-        o, S_final, Ainv = phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size,
-                                      layout)
+        o, S_final, Ainv, _ = phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state,
+                                         chunk_size, layout)
         ctx.save_for_backward(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, *layout)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         ctx.set_materialize_grads(False)
@@ -98,6 +108,7 @@ PHASE1_CHUNKED = dict(chunk_size=32, solver="blockwise", precision="tf32")
 PHASE1_GROUP_MIN_CHUNKS = 32  # the chunk form's chains walk groups of chunks from this many chunks per sequence (mean)
 PHASE1_GROUP_MAX_CHAINS = 16  # ... when at most this many (sequence, head) chains run (NOTES, after version 10)
 PHASE1_NEWTON = dict(chunk_size=64, jacobian="diagonal", fixed_rounds=6)
+PHASE1_OUT_IN_GRAM = True  # the unclipped chunk form's d and k̃ formed in phase 2's Gram (gram_replay.py; version 39)
 
 
 def phase1_form(T_mean: float, r, d_min, d_max, chains: int | None = None) -> str:
@@ -125,7 +136,7 @@ def phase1_group(k, cu_seqlens) -> int | None:
     return chain_group(chunks)
 
 
-def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
+def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True, chunk_size=None):
     """Phase 1's forward for ChunkOSDN: (form, d_all, d_final, k̃, `outside`, kept). "newton" runs a fixed number of
     quasi-Newton rounds across chunks, then the sequential scan behind them, guarded to run only if they did not
     converge; its backward is the same in reverse (`phase1_bwd_newton_guarded`). The chunk form runs without the
@@ -138,7 +149,10 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
     (phase1_fwd_chunk's `inverse_out`), per-token s_t, ‖k_t‖² (`stats`) and the chain's entry states and u
     (`entries`), from which its backward forms d again. The guarded scan of the speculative form stores no d either:
     if the clip acted, its backward runs that scan again for d (phase1_bwd_speculative_guarded). So d_all is None in
-    both chunk forms. Other forms, and no backward: kept is None."""
+    both chunk forms. Other forms, and no backward: kept is None.
+    The chunk form without the clip, when phase 2's `chunk_size` is a multiple of phase 1's chunks, launches no out
+    kernel (PHASE1_OUT_IN_GRAM): k̃ comes back None, and phase 2's Gram forms d, k̃ and the backward's stats from
+    `kept`'s entries (gram_replay.py); kept's inverse and stats are then None without `store_d`."""
     N = k.shape[0] if cu_seqlens is None else cu_seqlens.numel() - 1
     form = phase1_form(k.shape[0] * k.shape[1] / N, r, p1["d_min"], p1["d_max"], chains=N * k.shape[2])
     if form == "sequential":  # r as stored: float32 r made the forward-only scan slower since version 14 (NOTES)
@@ -151,18 +165,25 @@ def phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1, store_d=True):
                        only_if=unconverged, store_d=store_d, **p1)
         return form, d_all, d_final, kt, None, None
     clipped = p1["d_min"] is not None or p1["d_max"] is not None
+    in_gram = (not clipped and PHASE1_OUT_IN_GRAM and chunk_size is not None
+               and chunk_size % PHASE1_CHUNKED["chunk_size"] == 0)
     gains = dict(beta_aware=p1["beta_aware"], normalize=p1["normalize"], cu_seqlens=cu_seqlens)
     kept = None
-    if store_d:  # a backward follows: it reuses the chunks' inverses, s_t, ‖k_t‖² and entry states
-        kept = (torch.empty(k.shape[0] * k.shape[1], k.shape[2], PHASE1_CHUNKED["chunk_size"], dtype=torch.float32,
-                            device=k.device),
-                torch.empty(2, *k.shape[:3], dtype=torch.float32, device=k.device),
+    if store_d or in_gram:  # a backward reuses the chunks' inverses, s_t, ‖k_t‖² and entry states; the Gram, these
+        f32 = dict(dtype=torch.float32, device=k.device)
+        kept = (torch.empty(k.shape[0] * k.shape[1], k.shape[2], PHASE1_CHUNKED["chunk_size"], **f32)
+                if store_d else None,
+                torch.empty(2, *k.shape[:3], **f32) if store_d else None,
                 chunk_entries(k, cu_seqlens, PHASE1_CHUNKED["chunk_size"]))
     inv, stats, entries = kept if kept is not None else (None, None, None)
+    chunk_args = dict(**gains, store_d=False, inverse_out=inv, group=phase1_group(k, cu_seqlens), entries=entries,
+                      **PHASE1_CHUNKED)
+    if in_gram:  # the stats are written by the Gram too
+        _, d_final = phase1_fwd_chunk(k, beta, r, d0, eta, **chunk_args, out=False)
+        return form, None, d_final, None, None, kept
     _, d_final, kt, outside = phase1_fwd_chunk(
-        k, beta, r, d0, eta, **gains, store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None,
-        store_d=False, inverse_out=inv, group=phase1_group(k, cu_seqlens), stats=stats, entries=entries,
-        **PHASE1_CHUNKED)
+        k, beta, r, d0, eta, **chunk_args, store_kt=True, bounds=(p1["d_min"], p1["d_max"]) if clipped else None,
+        stats=stats)
     if not clipped:
         return form, None, d_final, kt, None, kept
     phase1_fwd_seq(k, beta, r, d0, eta, cu_seqlens=cu_seqlens, store_kt=True, out=(None, d_final, kt),
@@ -232,15 +253,22 @@ class ChunkOSDN(torch.autograd.Function):
                 store_d):
         B, T = k.shape[:2]
         ctx.p1_form, d_all, d_final, kt, outside, p1_kept = phase1_fwd(k, beta, r, d0, eta, cu_seqlens, p1,
-                                                                       store_d=store_d)
+                                                                       store_d=store_d, chunk_size=chunk_size)
         if cu_seqlens is None:
             cu, layout = uniform_cu_seqlens(B, T, q.device), uniform_chunk_layout(B, T, chunk_size, q.device)
         else:
             cu, layout = cu_seqlens, chunk_layout(cu_seqlens, chunk_size)
         pk = lambda x: None if x is None else x.reshape(1, B * T, *x.shape[2:])  # noqa: E731
-        o, S_final, Ainv = phase2_fwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, scale,
-                                      output_final_state, chunk_size, layout)
         p1_inv, p1_stats, (x0, u) = p1_kept if p1_kept is not None else (None, None, (None, None))
+        replay = None
+        if kt is None:  # phase 1's chunk form left d and k̃ to phase 2's Gram (PHASE1_OUT_IN_GRAM)
+            C1 = PHASE1_CHUNKED["chunk_size"]
+            p1_offsets = None if cu_seqlens is None else chunk_layout(cu_seqlens, C1)[1]  # None: formed in the kernel
+            replay = (pk(r), (x0, pk(u)), p1_offsets, C1,
+                      None if p1_stats is None else p1_stats.reshape(2, B * T, -1), PHASE1_CHUNKED["precision"])
+        o, S_final, Ainv, kt = phase2_fwd(pk(q), pk(k), pk(kt), pk(v), pk(beta), pk(g), S0, cu, scale,
+                                          output_final_state, chunk_size, layout, replay)
+        kt = kt.reshape(k.shape)
         ctx.save_for_backward(q, k, kt, v, beta, g, r, S0, d0, eta, cu_seqlens, cu, d_all, p1_inv, p1_stats, x0, u,
                               outside, Ainv, *layout)
         ctx.p1, ctx.scale, ctx.chunk_size = p1, scale, chunk_size

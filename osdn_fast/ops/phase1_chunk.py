@@ -291,19 +291,31 @@ def _flag_if_any(flag, marks):
 
 
 @triton.jit
-def _replay_weights(u, g, g_incl, C: tl.constexpr):
-    """M_ij = e^{γ_i − γ̄_j} u_j for j < i, else 0: the chunk's d_i = e^{γ_i} x_0 + (M A)_i."""
-    rows = tl.arange(0, C)
-    lower = rows[:, None] > rows[None, :]
-    return tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * u[None, :]
+def _replay_weights(u, g, g_incl, C: tl.constexpr, HAS_R: tl.constexpr):
+    """M_ij = e^{γ_i − γ̄_j} u_j for j < i, else 0: the chunk's d_i = e^{γ_i} x_0 + (M A)_i. Without r every decay
+    is 1 and _replayed_d needs no M: u comes back as it is."""
+    if HAS_R:  # one return: a compiled kernel rejects returns of different shapes, even under a constexpr branch
+        rows = tl.arange(0, C)
+        lower = rows[:, None] > rows[None, :]
+        m = tl.where(lower, tl.exp(tl.where(lower, g[:, None] - g_incl[None, :], 0.0)), 0.0) * u[None, :]
+    else:
+        m = u
+    return m
 
 
 @triton.jit
-def _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC: tl.constexpr):
+def _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC: tl.constexpr, HAS_R: tl.constexpr):
     """d of the chunk's tokens on key channels `offs` [C, KB]: e^{γ} x_0ᵀ + M A, from the chunk's entry state x_0
-    (x0 [NC, H, K]), M (_replay_weights) and a = k² on those channels."""
+    (x0 [NC, H, K]), M (_replay_weights) and a = k² on those channels. Without r (m = u): x_0ᵀ + the exclusive
+    running sum Σ_{j<i} u_j a_j down the chunk, O(C·KB) float32 adds instead of the O(C²·KB) product, which runs in
+    TF32 on a GPU and bounded the kernels that form d (version 39)."""
     x = tl.load(x0 + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-    return tl.exp(g)[:, None] * x[None, :] + tl.dot(m, ab, input_precision=PREC)
+    if HAS_R:
+        d = tl.exp(g)[:, None] * x[None, :] + tl.dot(m, ab, input_precision=PREC)
+    else:
+        ua = m[:, None] * ab
+        d = x[None, :] + (tl.cumsum(ua, axis=0) - ua)
+    return d
 
 
 @triton.jit
@@ -327,14 +339,14 @@ def phase1_chunk_out_kernel(
     t, valid, _, lr = _chunk_scalars(r, r, cs, eos, h, H, HAS_R, False, C)
     g_incl = tl.cumsum(lr, axis=0)
     g = g_incl - lr
-    m = _replay_weights(tl.load(u + t * H + h, mask=valid, other=0.0), g, g_incl, C)
+    m = _replay_weights(tl.load(u + t * H + h, mask=valid, other=0.0), g, g_incl, C, HAS_R)
     s = tl.zeros([C], dtype=tl.float32)
     a_sum = tl.zeros([C], dtype=tl.float32)
     out_of_bounds = tl.zeros([C, KB], dtype=tl.int32)
     for k0 in range(0, BK, KB):
         offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         ab = kb * kb
-        d = _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC)
+        d = _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC, HAS_R)
         if STORE_STATS:
             s += tl.sum(d * ab, axis=1)
             a_sum += tl.sum(ab, axis=1)
@@ -580,10 +592,11 @@ def phase1_chunk_group_walk_kernel(
 
 
 @triton.jit
-def _chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g, m, ab, PREC: tl.constexpr, REPLAY: tl.constexpr):
+def _chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g, m, ab, PREC: tl.constexpr, REPLAY: tl.constexpr,
+             HAS_R: tl.constexpr):
     """The forward's d on one key block of the chunk: formed again (REPLAY, _replayed_d) or read from d_all."""
     if REPLAY:
-        return _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC)
+        return _replayed_d(x0, ci, h, H, K, offs, g, m, ab, PREC, HAS_R)
     return tl.load(d_all + ptr, mask=m2, other=0.0)
 
 
@@ -598,7 +611,8 @@ def phase1_chunk_bwd_out_kernel(
 ):
     """Per chunk: λ_{t+1} = e^{Γ − γ̄_i} λ_end + Σ_{j>i} e^{γ_j − γ̄_i} (g_j − c_j p_j a_j), then the local
     gradients of token t (module docstring of phase1). Two passes over blocks of KB channels: s_t and ‖k_t‖²
-    (HAS_STATS: read from the forward's, `s_in` and `asum_in`), then λ_{t+1} and ∂k_t. FUSED (`gd_all` = phase 2's ∂k̃, as in the prep kernel): ∂k_t also gains ∂k̃_t ⊙ d_t and
+    (HAS_STATS: read from the forward's, `s_in` and `asum_in`), then λ_{t+1} and ∂k_t; without r λ is a reverse
+    running sum, with r two [C, C] × [C, KB] products (version 40 measured a scan there: slower). FUSED (`gd_all` = phase 2's ∂k̃, as in the prep kernel): ∂k_t also gains ∂k̃_t ⊙ d_t and
     phase 2's ∂k_t (`dk_in`), ∂β_t phase 2's (`dbeta_in`), and both are written once in the outputs' dtypes.
     REPLAY: d_t is formed again from the forward chain's entry states x0 and its u (`u_fwd`), as the forward's out
     kernel forms it (_replayed_d), instead of read from d_all."""
@@ -610,7 +624,7 @@ def phase1_chunk_bwd_out_kernel(
     t, valid, b, lr = _chunk_scalars(beta, r, cs, eos, h, H, HAS_R, BETA_AWARE, C)
     g_fwd = tl.cumsum(lr, axis=0)  # γ̄, then γ: the decays of the forward's d (REPLAY), formed as its out kernel does
     if REPLAY:
-        m_fwd = _replay_weights(tl.load(u_fwd + t * H + h, mask=valid, other=0.0), g_fwd - lr, g_fwd, C)
+        m_fwd = _replay_weights(tl.load(u_fwd + t * H + h, mask=valid, other=0.0), g_fwd - lr, g_fwd, C, HAS_R)
     else:
         m_fwd = tl.zeros([C, C], dtype=tl.float32)
     g_fwd -= lr
@@ -623,28 +637,35 @@ def phase1_chunk_bwd_out_kernel(
         for k0 in range(0, BK, KB):
             offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
             ab = kb * kb
-            s += tl.sum(_chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g_fwd, m_fwd, ab, PREC, REPLAY) * ab,
-                        axis=1)
+            d = _chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g_fwd, m_fwd, ab, PREC, REPLAY, HAS_R)
+            s += tl.sum(d * ab, axis=1)
             a_sum += tl.sum(ab, axis=1)
     nu, c, e, g, g_incl = _token_gains(a_sum, b, lr, valid, eta_h, eps, NORMALIZE)
     w = e * (1.0 - b * s)
     pc = tl.load(p + t * H + h, mask=valid, other=0.0)
     rows = tl.arange(0, C)
     upper = rows[:, None] < rows[None, :]
-    q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
+    if HAS_R:
+        q = tl.where(upper, tl.exp(tl.where(upper, g[None, :] - g_incl[:, None], 0.0)), 0.0)
+    else:
+        q = tl.zeros([C, C], dtype=tl.float32)
     g_end = tl.sum(tl.where(rows == C - 1, g_incl, 0.0), axis=0)
     dr_acc = tl.zeros([C], dtype=tl.float32)
     for k0 in range(0, BK, KB):
         offs, m2, ptr, kb = _key_block(k, t, valid, h, H, K, k0, KB)
         ab = kb * kb
         gb = tl.load(gd_all + ptr, mask=m2, other=0.0).to(tl.float32)
-        d = _chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g_fwd, m_fwd, ab, PREC, REPLAY)
+        d = _chunk_d(d_all, x0, ci, h, H, K, offs, m2, ptr, g_fwd, m_fwd, ab, PREC, REPLAY, HAS_R)
         if FUSED:
             dkt = gb
             gb = gb * kb
         lam = tl.load(lam_end + (ci * H + h) * K + offs, mask=offs < K, other=0.0)
-        mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gb, input_precision=PREC) \
-            - tl.dot(q * (c * pc)[None, :], ab, input_precision=PREC)
+        if HAS_R:
+            mu = tl.exp(g_end - g_incl)[:, None] * lam[None, :] + tl.dot(q, gb, input_precision=PREC) \
+                - tl.dot(q * (c * pc)[None, :], ab, input_precision=PREC)
+        else:  # every decay 1: λ_end + the reverse exclusive sum Σ_{j>i} x_j = Σ_j x_j − Σ_{j≤i} x_j (version 41)
+            x = gb - (c * pc)[:, None] * ab
+            mu = lam[None, :] + (tl.sum(x, axis=0)[None, :] - tl.cumsum(x, axis=0))
         da = w[:, None] * mu - (c * pc)[:, None] * d
         if NORMALIZE:
             da = da - (w * pc * nu)[:, None]
@@ -907,7 +928,7 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
                      chunk_size: int = 64, solver: str = "substitution", precision: str = "ieee",
                      store_kt: bool = False, bounds: tuple | None = None, store_d: bool = True, inverse=None,
                      inverse_out: torch.Tensor | None = None, group: int | None = None,
-                     stats: torch.Tensor | None = None, entries: tuple | None = None):
+                     stats: torch.Tensor | None = None, entries: tuple | None = None, out: bool = True):
     """Chunk-parallel forward (no clip): (d_all [B, T, H, K] float32 or None without `store_d`, d_final [N, H, K]
     float32), and with
     `store_kt` / `bounds` also (k̃ = d ⊙ k in k's dtype or None, `outside`: an int32 [1] on the device, 1 if some
@@ -917,7 +938,9 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     `group`: the chain walks groups of that many chunks (chain_group; _group_entries), else one chunk at a time.
     `stats`: a float32 [2, B, T, H] tensor that receives each token's s_t = ⟨d_t, a_t⟩ and ‖k_t‖² for the backward
     (phase1_bwd_chunk's `stats`). `entries`: chunk_entries' buffers, which receive the chain's entry states and u,
-    from which phase1_bwd_chunk forms d again: a backward then needs no d_all (chunk_osdn passes store_d=False)."""
+    from which phase1_bwd_chunk forms d again: a backward then needs no d_all (chunk_osdn passes store_d=False).
+    Without `out` the out kernel is not launched: the call returns (None, d_final), and `entries`, which it needs,
+    hold all that d_t is formed from (chunk_osdn forms k̃ and `stats` inside phase 2's Gram: gram_replay.py)."""
     if d_min is not None or d_max is not None:
         raise ValueError("phase1_fwd_chunk has no clip (d_min/d_max): use the sequential scan")
     _check_group(group)
@@ -928,6 +951,9 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
     NC, offsets, prep, flags, gains, solve = _shared_args(k, beta, r, eta, cu_seqlens, C, solver, precision,
                                                           beta_aware, normalize)
     _check_entries(entries, k, NC)
+    if not out and (entries is None or store_d or store_kt or bounds is not None or stats is not None):
+        raise ValueError("out=False: pass `entries` (d is formed from them later), and no store_d, store_kt, "
+                         "bounds or stats, which the out kernel would write")
     _, _, r_, _, seq, start, cu = prep
     f32 = dict(dtype=torch.float32, device=k.device)
     tq = torch.empty(NC, H, C, C, **f32)
@@ -956,6 +982,8 @@ def phase1_fwd_chunk(k, beta, r, d0, eta, *, d_min=None, d_max=None, beta_aware,
         T, H, K, flag, **limits, HAS_D0=d0 is not None, **flags, G=group or 0,
         **_chain_launch("state", C, BK), **(CHAIN_REGISTERS if r is not None and group else {}),
     )
+    if not out:
+        return None, d_final
     kt = torch.empty_like(k) if store_kt else None
     phase1_chunk_out_kernel[(NC, H)](
         k, r_, seq, start, cu, u, x0, d_all if store_d else u, kt if store_kt else u,
@@ -1039,6 +1067,7 @@ def phase1_bwd_chunk(k, beta, r, eta, d_all, gd_all, gd_final, *, d_min=None, d_
         *(stats if stats is not None else (p, p)), dk, dbeta, dr if dr is not None else dbeta, deta,
         dk_in if fused else dk, dbeta_in if fused else dbeta, T, H, K, EPS,
         **gains, **flags, **solve, FUSED=fused, HAS_STATS=stats is not None, REPLAY=entries is not None,
-        **_parallel_launch("bwd_out", C, BK),
+        **_parallel_launch("bwd_out_sum" if r is None and tuning_key("bwd_out_sum", C, BK) in TUNING else "bwd_out",
+                           C, BK),
     )
     return dk, dbeta, dr, dd0, deta.flatten(0, 1)

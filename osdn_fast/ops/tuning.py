@@ -14,6 +14,8 @@ version 19) from their sweep at (2, 4096, 32, 64); the grouped chains' map (map-
 from theirs at (1, 16384, 16, 128), each timed by a grouped phase-1 forward+backward. The four chunk-parallel kernels
 run two warps (version 22: swept over 2 and 4 warps at both key blocks; more programs in flight per multiprocessor), and so does
 the `wu` stage of phase 2 (version 23: phase 2's stages swept over 2 and 4 warps at (4, 4096, 16, 128); only `wu` gained).
+The Gram that forms k̃ from phase 1's chain (`gram_replay`, version 39) from its sweep alone at (4, 4096, 16, 128) over
+KB 16/32/64, 2/4/8 warps and 1/2 stages (H200; with the replay's TF32 product, before d without r became a running sum).
 Kept apart from the kernels: these numbers change only how the work is split (at most the order of float32 sums), so
 the GPU validation (book/data/gpu_validation.json) records them and a test compares them, while the kernels' digest
 covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch).
@@ -21,6 +23,7 @@ covers every other file of osdn_fast/ops. BK > 128 takes 8 warps (common.launch)
 
 TUNING = {
     "gram": dict(num_warps=4, num_stages=1),
+    "gram_replay": dict(KB=32, num_warps=2, num_stages=2),
     "solve": dict(num_warps=2, num_stages=1),
     "wu": dict(BV=64, num_warps=2, num_stages=3),
     "wy_bwd": dict(num_warps=4, num_stages=3),
@@ -37,6 +40,7 @@ TUNING = {
     "phase1_out": dict(KB=32, num_warps=2, num_stages=3),
     "phase1_bwd_prep": dict(KB=32, num_warps=2, num_stages=1),
     "phase1_bwd_out": dict(KB=32, num_warps=2, num_stages=3),
+    "phase1_bwd_out_sum": dict(KB=64, num_warps=4, num_stages=2),  # without r: λ by a running sum (version 41)
     "phase1_state": dict(num_warps=4, num_stages=1),
     "phase1_bwd_state": dict(num_warps=4, num_stages=1),
     "phase1_prep_k64": dict(KB=16, num_warps=2, num_stages=1),
