@@ -68,8 +68,8 @@ class UniformPhase2(ChunkOSDNPhase2):
     def forward(ctx, q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size):
         B = cu_seqlens.numel() - 1
         layout = uniform_chunk_layout(B, q.shape[1] // B, chunk_size, q.device)
-        o, S_final, Ainv = phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size,
-                                      layout)
+        o, S_final, Ainv, _ = phase2_fwd(q, k, kt, v, beta, g, S0, cu_seqlens, scale, output_final_state, chunk_size,
+                                         layout)
         ctx.save_for_backward(q, k, kt, v, beta, g, S0, cu_seqlens, Ainv, *layout)
         ctx.scale, ctx.chunk_size = scale, chunk_size
         ctx.set_materialize_grads(False)
