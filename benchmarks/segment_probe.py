@@ -21,7 +21,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import statistics
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +31,9 @@ import torch
 import osdn_fast.ops.chunk as chunk_ops
 from osdn_fast import chunk_osdn
 from osdn_fast.ops.index import uniform_chunk_layout, uniform_cu_seqlens
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from overlap_probe import timed  # noqa: E402  (median µs of CUDA-graph replays)
 
 SHAPES = ("4x4096x16x128", "8x2048x16x128", "1x16384x16x128", "2x4096x32x64")
 ETA, CHUNK = 0.003, 64
@@ -113,30 +117,6 @@ def joined(outs: list, shape) -> torch.Tensor:
 def rel_rmse(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
-def timed(fn, reps: int) -> float:
-    """Median µs of `reps` replays of fn() captured in one CUDA graph, each between two CUDA events."""
-    warm = torch.cuda.Stream()
-    warm.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(warm):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(warm)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    for _ in range(3):
-        graph.replay()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return statistics.median(times)
 
 
 def main():
