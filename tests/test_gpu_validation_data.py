@@ -1,4 +1,4 @@
-"""The committed H200 validation of osdn_fast (book/data/gpu_validation.json, written by
+"""The committed GPU validation of osdn_fast (book/data/gpu_validation.json, written by
 benchmarks/validate_gpu.py) must show every row under its threshold, with full coverage: a regression on the
 GPU cannot hide behind a CPU-only CI. The file is required: a missing file fails, it does not skip."""
 import importlib.util
@@ -14,11 +14,19 @@ def load() -> dict:
     return json.loads(DATA.read_text())
 
 
+def on_the_h200s_build(result: dict) -> bool:
+    """Run where the kernels build and launch as on the H200: the H200 itself, or a card that records the H200's
+    target and multiprocessor count (an H100 SXM: sm_90, 132 SMs). Triton compiles for the capability, and the
+    launch rules read only the SM count (common.chain_stage, the chain forms), so such a card runs the same machine
+    code with the same grids, and its rows say what the H200's would."""
+    return "H200" in result["gpu"] or (result.get("capability"), result.get("sm_count")) == ("9.0", 132)
+
+
 def test_provenance():
-    """A real GPU run (not the CPU smoke run), with the date and the versions recorded."""
+    """A real GPU run (not the CPU smoke run) of the H200's build, with the date and the versions recorded."""
     result = load()
     assert not result["smoke"] and not result["interpreter"] and result["complete"]
-    assert "H200" in result["gpu"]
+    assert on_the_h200s_build(result), (result["gpu"], result.get("capability"), result.get("sm_count"))
     for key in ("date", "torch", "triton", "cuda"):
         assert result[key], key
     assert result["thresholds"] == {"output": 0.006, "gradient": 0.008, "gate_gradient": 0.02}
@@ -111,3 +119,12 @@ def test_every_phase1_form_validated():
         assert NAMES <= {r["name"] for r in rows if (r["form"], r["clip"], r["eta"] > 0.1) == (form, clip, big_eta)}
     assert all(r["form"] == "sequential" for r in rows if r["phase1"] == "sequential")
     assert all(r["form"] in ("chunked", "newton") for r in rows if r["phase1"] in ("chunked", "grouped"))
+
+
+def test_another_hopper_card_counts_only_with_the_h200s_target_and_sms():
+    """An H100 SXM's run stands for the H200's; an H100 PCIe's (114 SMs) or an older card's does not."""
+    assert on_the_h200s_build(dict(gpu="NVIDIA H200"))
+    assert on_the_h200s_build(dict(gpu="NVIDIA H100 80GB HBM3", capability="9.0", sm_count=132))
+    assert not on_the_h200s_build(dict(gpu="NVIDIA H100 PCIe", capability="9.0", sm_count=114))
+    assert not on_the_h200s_build(dict(gpu="NVIDIA A100-SXM4-80GB", capability="8.0", sm_count=108))
+    assert not on_the_h200s_build(dict(gpu="NVIDIA H100 80GB HBM3"))  # a file that did not record them

@@ -1,4 +1,5 @@
-"""Version 42's book edits, run once when its H200 validation lands (after the new file is book/data/gpu_validation.json
+"""Version 42's book edits, run once when its validation lands (on an H200, or on a card with its build: an H100 SXM,
+sm_90 with 132 SMs; tests/test_gpu_validation_data.py's on_the_h200s_build) (after the new file is book/data/gpu_validation.json
 and version 41's is gpu_validation_v41.json): notebook 06c compares the two files row by row against the prediction,
 and 08b's part 49 reads version 41's file by its new name. Execute 06c and 08b afterwards."""
 import json
@@ -37,13 +38,17 @@ against 0.5644 at $(4, 4096, 16, 128)$). No kernel's code changes (the digest st
 warps split the same sums over the key block in another order, so only the gradients that this kernel feeds can move:
 $\partial k$, $\partial\beta$, $\partial d_0$ and $\partial\eta$ of the chunk form's runs without $r$ whose backward
 runs it (no clip, or the clip idle; where the clip acts the guarded scan redoes the call). Every other row, outputs and
-$d$ included, bitwise version 41's.
+$d$ included, bitwise version 41's. Where the run was not on an H200 but on a card that builds and launches the same
+(an H100 SXM: sm_90, 132 SMs), those bitwise rows test that claim as well: the same machine code with the same grids
+gives the H200's bits.
 """
 
 CODE42 = r"""# NBVAL_CHECK_OUTPUT
 val42 = val                                                               # version 42's file, the gate's
 rows42 = {key6(r): r for r in val42["rows"]}
 changed42 = sorted(s for s in set(val42["tuning"]) | set(val41["tuning"]) if val42["tuning"].get(s) != val41["tuning"].get(s))
+print(f"version 42, validated on the {val42['gpu']} (sm_{val42['capability'].replace('.', '')}, {val42['sm_count']} SMs) "
+      f"on {val42['date'][:10]}")
 print(f"version 42: {len(rows42)} rows, {sum(r['ok'] for r in val42['rows'])} within their thresholds; version 41's "
       f"cases: {set(rows42) == set(rows41)}; launch settings changed: {', '.join(changed42)} "
       f"({val41['tuning']['phase1_bwd_out_sum']} -> {val42['tuning']['phase1_bwd_out_sum']})")
@@ -77,7 +82,7 @@ assert val42["complete"] and not val42["interpreter"] and all(r["ok"] for r in v
 assert set(rows42) == set(rows41) and all(rows42[c]["form"] == rows41[c]["form"] for c in rows42)
 assert all(same for (pred, same) in tally42 if not pred), "a row predicted bitwise moved"
 assert val42["kernel_digest"] == val41["kernel_digest"] == validate_gpu.kernel_digest() and val42["tuning"] == TUNING
-assert changed42 == ["phase1_bwd_out_sum"]
+assert changed42 == ["phase1_bwd_out_sum"] and (val42["capability"], val42["sm_count"]) == ("9.0", 132)
 """
 
 nb = load("06c_kernels_h200.ipynb")
