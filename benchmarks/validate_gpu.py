@@ -296,7 +296,7 @@ def main(argv=None):
         date=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         gpu=torch.cuda.get_device_name() if device == "cuda" else f"cpu ({platform.processor() or platform.machine()})",
         # what the launches depend on besides the tree: the target the kernels compile for and the SMs that
-        # common.chain_stage and the chain forms count (an H100 SXM and an H200 agree on both: sm_90, 132 SMs)
+        # common.chain_stage counts (an H100 SXM and an H200 agree on both: sm_90, 132 SMs)
         capability=".".join(map(str, torch.cuda.get_device_capability())) if device == "cuda" else None,
         sm_count=torch.cuda.get_device_properties(0).multi_processor_count if device == "cuda" else None,
         torch=torch.__version__, triton=triton.__version__, cuda=torch.version.cuda, python=platform.python_version(),

@@ -17,7 +17,7 @@ def load() -> dict:
 def on_the_h200s_build(result: dict) -> bool:
     """Run where the kernels build and launch as on the H200: the H200 itself, or a card that records the H200's
     target and multiprocessor count (an H100 SXM: sm_90, 132 SMs). Triton compiles for the capability, and the
-    launch rules read only the SM count (common.chain_stage, the chain forms), so such a card runs the same machine
+    launch rules read only the SM count (common.chain_stage), so such a card runs the same machine
     code with the same grids, and its rows say what the H200's would."""
     return "H200" in result["gpu"] or (result.get("capability"), result.get("sm_count")) == ("9.0", 132)
 
