@@ -23,7 +23,7 @@ _spec.loader.exec_module(probe)
 def test_segments_give_the_whole_op(shape, n, apf, form, groups):
     """`groups`: the chains walk groups of chunks (phase1_group), of this many chunks in the whole op and in a segment:
     the carry then enters the second segment's walk where the whole op's walk passes a group boundary (on the H100 the
-    probe's bf16 outputs differed by 3e-3 there, at TF32's scale; in float32 here the cut must change nothing)."""
+    probe's bf16 outputs differed by 3e-3 there, its maps in TF32; in float32 here the cut must change nothing)."""
     x = probe.inputs(shape, apf, torch.device("cpu"), dtype=torch.float32, seed=1)
     B, T, H, _ = x["k"].shape
     assert chunk_ops.phase1_form(T / n, x.get("r"), None, None, chains=B * H) == form
